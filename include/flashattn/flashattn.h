@@ -1,0 +1,171 @@
+// flashattn: exact attention the FlashAttention-2 way, forward/inference path.
+//
+// Public C++ API. Every entry point validates all of its arguments before it touches any
+// output; a failed check throws flashattn::Error whose message names the argument, the rule
+// and the value seen. Semantics follow FlashAttention-2 (see README.md, "Semantics").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace flashattn {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+// Thrown on invalid input (kind = invalid_argument / type_error) and on backend failures
+// (kind = runtime). Python maps invalid_argument -> ValueError, type_error -> TypeError.
+class Error : public std::runtime_error {
+ public:
+  enum class Kind { invalid_argument, type_error, unsupported, runtime };
+  Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tensor: a non-owning strided view. Strides are in elements. An undefined (default) Tensor
+// stands for "not given" wherever an argument is optional.
+// ---------------------------------------------------------------------------------------------
+
+enum class DType { f16, bf16, f32, i32 };
+enum class Device { cpu, cuda };
+
+constexpr int kMaxDims = 4;
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int device_index = 0;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {0, 0, 0, 0};
+  int64_t stride[kMaxDims] = {0, 0, 0, 0};
+
+  bool defined() const { return ndim > 0 || data != nullptr; }
+  int64_t numel() const;
+  int64_t size(int dim) const { return shape[dim < 0 ? dim + ndim : dim]; }
+  bool is_contiguous() const;
+
+  // A row-major contiguous view of `data` with the given shape (1 to 4 dims).
+  static Tensor contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                           Device device = Device::cpu, int device_index = 0);
+  // A view with explicit strides (elements).
+  static Tensor strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                        std::initializer_list<int64_t> strides, Device device = Device::cpu,
+                        int device_index = 0);
+};
+
+const char* dtype_name(DType dtype);
+const char* device_name(Device device);
+size_t dtype_size(DType dtype);
+std::string describe(const Tensor& t);  // "bf16 cuda:0 (2, 128, 8, 64) strides (…)"
+
+// ---------------------------------------------------------------------------------------------
+// Options shared by every forward call
+// ---------------------------------------------------------------------------------------------
+
+struct AttentionOptions {
+  // Multiplies q·k before softmax. Unset: 1/sqrt(head_dim).
+  std::optional<float> softmax_scale;
+  // Causal mask aligned to the bottom-right corner: query i sees key j iff j <= i + sk - sq.
+  bool causal = false;
+  // Local (sliding window) attention; -1 = unbounded on that side. With causal, the right
+  // side is forced to 0 (as in FlashAttention-2).
+  int window_left = -1;
+  int window_right = -1;
+  // > 0: scores become softcap * tanh(score * scale / softcap), before masking.
+  float softcap = 0.0f;
+  // fp32 slopes, shape (h) or (b, h): score -= slope * |i + sk - sq - j| (after scaling).
+  Tensor alibi_slopes;
+  // Optional fp32 output of the natural-log sum-exp per row: (b, h, sq) for dense and
+  // kv-cache calls, (h, total_q) for varlen. A row that sees no key gets -inf (output 0).
+  Tensor softmax_lse;
+  // cudaStream_t for the CUDA backend (nullptr = the legacy default stream). Ignored on CPU.
+  void* stream = nullptr;
+  // CPU backend threads; 0 = all hardware threads.
+  int num_threads = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Dense: q (b, sq, h, d); k, v (b, sk, hk, d); out (b, sq, h, d). h % hk == 0.
+// ---------------------------------------------------------------------------------------------
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+             const AttentionOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// Variable length: q (total_q, h, d) packed by cu_seqlens_q (b + 1, int32).
+// k, v (total_k, hk, d) packed by cu_seqlens_k, or, with block_table, a paged cache
+// (num_pages, page_size, hk, d) where cu_seqlens_k gives only the lengths.
+// ---------------------------------------------------------------------------------------------
+
+struct VarlenArgs {
+  Tensor cu_seqlens_q;  // (b + 1) int32, required
+  Tensor cu_seqlens_k;  // (b + 1) int32, required
+  int max_seqlen_q = 0;  // upper bound of the per-sequence query lengths
+  int max_seqlen_k = 0;  // upper bound of the per-sequence key lengths
+  Tensor seqused_k;     // (b) int32: only the first seqused_k[b] keys of sequence b are used
+  Tensor leftpad_k;     // (b) int32: keys [0, leftpad_k[b]) of sequence b are ignored
+  Tensor block_table;   // (b, max_pages) int32: paged K/V
+};
+
+void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const VarlenArgs& args, const AttentionOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// KV cache: q (b, sq, h, d); k_cache, v_cache (b_cache, max_sk, hk, d), or with block_table
+// (num_pages, page_size, hk, d). Keys [cache_leftpad[b], cache_seqlens[b]) of the cache row are
+// valid; k_new/v_new (b, s_new, hk, d) are first written into the cache at rows
+// cache_seqlens[b] ... cache_seqlens[b] + s_new - 1 (rotated when rotary is given), then
+// attention runs over the keys [cache_leftpad[b], cache_seqlens[b] + s_new).
+// ---------------------------------------------------------------------------------------------
+
+struct KVCacheArgs {
+  Tensor cache_seqlens;    // (b) int32; unset: every row holds max_sk keys
+  Tensor cache_batch_idx;  // (b) int32: batch b uses cache row cache_batch_idx[b]
+  Tensor cache_leftpad;    // (b) int32
+  Tensor block_table;      // (b, max_pages) int32: paged cache
+  Tensor k_new;            // (b, s_new, hk, d)
+  Tensor v_new;            // (b, s_new, hk, d)
+  Tensor rotary_cos;       // (max_position, rotary_dim / 2), q's dtype
+  Tensor rotary_sin;       // (max_position, rotary_dim / 2)
+  bool rotary_interleaved = true;  // pairs (0,1),(2,3)… ; false: GPT-NeoX (i, i + rotary_dim/2)
+  int num_splits = 0;      // 0: heuristic; 1: no split; n: up to kMaxSplits
+  // Optional caller-owned device/host scratch of at least plan_kvcache(...).workspace_bytes,
+  // 256-byte aligned; when not given the backend allocates (and frees) its own.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+constexpr int kMaxSplits = 128;
+
+// What a forward_kvcache call will do. Pure host function of the shapes and options.
+struct Plan {
+  int num_splits = 1;          // split-KV count used (1 = no combine step)
+  bool pack_gqa = false;       // query heads sharing a KV head are packed into one tile
+  size_t workspace_bytes = 0;  // scratch the call needs (split partials, rotated q)
+};
+
+Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                  const KVCacheArgs& args, const AttentionOptions& options = {});
+
+void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& out, const KVCacheArgs& args,
+                     const AttentionOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// Build information
+// ---------------------------------------------------------------------------------------------
+
+bool cuda_available();     // built with CUDA and a device is visible
+std::string build_info();  // version, backends, compiled head dims and dtypes
+
+}  // namespace flashattn

@@ -1,0 +1,32 @@
+// The two backends behind the API. The API layer validates, plans and fills AttnParams /
+// AppendParams; a backend runs them as given (it never re-validates).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "common/params.h"
+
+namespace flashattn {
+
+namespace cpu {
+// Attention, including the split-KV partials and their combine when params.num_splits > 1.
+// Needs params.o_accum / lse_accum to point at host scratch then.
+void run_attention(const AttnParams& params);
+// Append k_new/v_new into the cache and apply rotary to q (into q_rot) and the new keys.
+void run_append(const AppendParams& params);
+}  // namespace cpu
+
+namespace cuda {
+bool available();                 // compiled in and a device is visible
+int num_sms(int device_index);    // multiprocessors of the device (for planning)
+bool supports(DType dtype, int head_dim);  // an instance is compiled for this case
+void run_attention(const AttnParams& params, void* stream);
+void run_append(const AppendParams& params, void* stream);
+// Scratch for calls that were not given a workspace (freed after the call, stream-ordered).
+void* allocate(size_t bytes, void* stream);
+void release(void* ptr, void* stream);
+std::string compiled_instances();  // "bf16: 64 128; fp16: 64 128" for build_info()
+}  // namespace cuda
+
+}  // namespace flashattn

@@ -1,0 +1,249 @@
+// The public entry points: validate -> plan -> fill parameters -> run on a backend.
+#include <cmath>
+#include <memory>
+
+#include "api/backend.h"
+#include "api/plan.h"
+#include "api/validate.h"
+#include "common/params.h"
+
+namespace flashattn {
+
+namespace {
+
+// ---- scratch memory --------------------------------------------------------------------------
+
+// Scratch for one call: the caller's workspace, or memory owned by this object.
+class Scratch {
+ public:
+  Scratch(const Problem& p, size_t bytes, void* given, void* stream)
+      : device_(p.device), stream_(stream) {
+    if (bytes == 0) return;
+    if (given) {
+      base_ = static_cast<char*>(given);
+    } else if (device_ == Device::cuda) {
+      base_ = static_cast<char*>(cuda::allocate(bytes, stream));
+      owned_ = true;
+    } else {
+      host_.reset(new char[bytes + kWorkspaceAlign]);
+      const uintptr_t raw = reinterpret_cast<uintptr_t>(host_.get());
+      base_ = reinterpret_cast<char*>((raw + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign);
+    }
+  }
+  ~Scratch() {
+    if (owned_) cuda::release(base_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  char* at(size_t offset) const { return base_ + offset; }
+
+ private:
+  Device device_;
+  void* stream_;
+  char* base_ = nullptr;
+  bool owned_ = false;
+  std::unique_ptr<char[]> host_;
+};
+
+// ---- parameter filling -----------------------------------------------------------------------
+
+const int* ints(const Tensor& t) { return t.defined() ? static_cast<const int*>(t.data) : nullptr; }
+
+// Strides of a (rows, heads, d) view whose batch dimension, if any, comes first.
+struct Strides3 {
+  int64_t batch, row, head;
+};
+Strides3 strides_of(const Tensor& t) {
+  if (t.ndim == 4) return {t.stride[0], t.stride[1], t.stride[2]};
+  return {0, t.stride[0], t.stride[1]};  // varlen: (total, heads, d)
+}
+
+void set_options(AttnParams& a, const Problem& p, const AttentionOptions& o) {
+  a.softmax_scale = o.softmax_scale ? *o.softmax_scale : 1.0f / std::sqrt(float(p.head_dim));
+  a.softcap = o.softcap;
+  a.causal = o.causal;
+  a.window_left = o.window_left;
+  a.window_right = o.causal ? 0 : o.window_right;
+  if (o.causal && o.window_right > 0) a.window_right = 0;
+  if (o.alibi_slopes.defined()) {
+    a.alibi_slopes = static_cast<const float*>(o.alibi_slopes.data);
+    a.alibi_batch_stride = o.alibi_slopes.ndim == 2 ? o.alibi_slopes.stride[0] : 0;
+  }
+  if (o.softmax_lse.defined()) {
+    const Tensor& l = o.softmax_lse;
+    a.lse = static_cast<float*>(l.data);
+    a.lse_batch_stride = p.varlen ? 0 : l.stride[0];
+    a.lse_head_stride = p.varlen ? l.stride[0] : l.stride[1];
+  }
+  a.num_threads = o.num_threads;
+}
+
+AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const AttentionOptions& o) {
+  AttnParams a;
+  a.dtype = p.dtype;
+  a.q = q.data;
+  a.k = k.data;
+  a.v = v.data;
+  a.o = out.data;
+  const Strides3 sq = strides_of(q), sk = strides_of(k), sv = strides_of(v), so = strides_of(out);
+  a.q_batch_stride = sq.batch, a.q_row_stride = sq.row, a.q_head_stride = sq.head;
+  a.k_batch_stride = sk.batch, a.k_row_stride = sk.row, a.k_head_stride = sk.head;
+  a.v_batch_stride = sv.batch, a.v_row_stride = sv.row, a.v_head_stride = sv.head;
+  a.o_batch_stride = so.batch, a.o_row_stride = so.row, a.o_head_stride = so.head;
+  a.batch = p.batch;
+  a.num_heads = p.heads;
+  a.num_heads_k = p.heads_k;
+  a.head_dim = p.head_dim;
+  a.seqlen_q = p.seqlen_q;
+  a.seqlen_k = p.seqlen_k;
+  set_options(a, p, o);
+  return a;
+}
+
+void set_paging(AttnParams& a, const Tensor& block_table, int page_size) {
+  if (!block_table.defined()) return;
+  a.block_table = ints(block_table);
+  a.block_table_batch_stride = block_table.stride[0];
+  a.page_size = page_size;
+}
+
+// ---- running ---------------------------------------------------------------------------------
+
+bool nothing_to_do(const Problem& p) { return p.batch == 0 || p.seqlen_q == 0; }
+
+// Splits (with the scratch they need) and GQA packing, then the backend.
+void run_attention(const Problem& p, AttnParams& a, const Plan& plan, const Scratch& scratch,
+                   void* stream) {
+  a.pack_gqa = plan.pack_gqa;
+  a.num_splits = plan.num_splits;
+  if (plan.num_splits > 1) {
+    const Workspace w = workspace_layout(p, plan.num_splits);
+    a.o_accum = reinterpret_cast<float*>(scratch.at(w.o_accum_offset));
+    a.lse_accum = reinterpret_cast<float*>(scratch.at(w.lse_accum_offset));
+  }
+  if (p.device == Device::cuda) {
+    cuda::run_attention(a, stream);
+  } else {
+    cpu::run_attention(a);
+  }
+}
+
+void run_planned(const Problem& p, AttnParams& a, const AttentionOptions& o) {
+  if (nothing_to_do(p)) return;
+  const Plan plan = make_plan(p, 0, processors_of(p, o.num_threads));
+  Scratch scratch(p, plan.workspace_bytes, nullptr, o.stream);
+  run_attention(p, a, plan, scratch, o.stream);
+}
+
+// ---- kv cache: append ------------------------------------------------------------------------
+
+AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache, const KVCacheArgs& args,
+                                const AttentionOptions& o) {
+  AppendParams ap;
+  ap.dtype = p.dtype;
+  ap.batch = p.batch;
+  ap.num_heads = p.heads;
+  ap.num_heads_k = p.heads_k;
+  ap.head_dim = p.head_dim;
+  ap.seqlen_q = p.seqlen_q;
+  ap.seqlen_new = p.seqlen_new;
+  ap.cache_seqlens = ints(args.cache_seqlens);
+  ap.cache_batch_idx = ints(args.cache_batch_idx);
+  if (args.block_table.defined()) {
+    ap.block_table = ints(args.block_table);
+    ap.block_table_batch_stride = args.block_table.stride[0];
+    ap.page_size = p.page_size;
+  }
+  ap.k_cache = k_cache.data;
+  ap.v_cache = v_cache.data;
+  ap.kc_batch_stride = k_cache.stride[0], ap.kc_row_stride = k_cache.stride[1], ap.kc_head_stride = k_cache.stride[2];
+  ap.vc_batch_stride = v_cache.stride[0], ap.vc_row_stride = v_cache.stride[1], ap.vc_head_stride = v_cache.stride[2];
+  if (p.seqlen_new > 0) {
+    ap.k_new = args.k_new.data;
+    ap.v_new = args.v_new.data;
+    ap.kn_batch_stride = args.k_new.stride[0], ap.kn_row_stride = args.k_new.stride[1], ap.kn_head_stride = args.k_new.stride[2];
+    ap.vn_batch_stride = args.v_new.stride[0], ap.vn_row_stride = args.v_new.stride[1], ap.vn_head_stride = args.v_new.stride[2];
+  }
+  if (p.rotary_dim > 0) {
+    ap.rotary_cos = args.rotary_cos.data;
+    ap.rotary_sin = args.rotary_sin.data;
+    ap.rotary_row_stride = args.rotary_cos.stride[0];
+    ap.rotary_dim = p.rotary_dim;
+    ap.rotary_interleaved = args.rotary_interleaved;
+    ap.rotary_q_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0;
+  }
+  ap.q = q.data;
+  ap.q_batch_stride = q.stride[0], ap.q_row_stride = q.stride[1], ap.q_head_stride = q.stride[2];
+  ap.num_threads = o.num_threads;
+  return ap;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+             const AttentionOptions& options) {
+  const Problem p = validate_forward(q, k, v, out, options);
+  AttnParams a = make_params(p, q, k, v, out, options);
+  run_planned(p, a, options);
+}
+
+void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const VarlenArgs& args, const AttentionOptions& options) {
+  const Problem p = validate_varlen(q, k, v, out, args, options);
+  AttnParams a = make_params(p, q, k, v, out, options);
+  a.cu_seqlens_q = ints(args.cu_seqlens_q);
+  a.cu_seqlens_k = ints(args.cu_seqlens_k);
+  a.seqused_k = ints(args.seqused_k);
+  a.leftpad_k = ints(args.leftpad_k);
+  set_paging(a, args.block_table, p.page_size);
+  run_planned(p, a, options);
+}
+
+Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                  const KVCacheArgs& args, const AttentionOptions& options) {
+  // Validation needs an output; q stands in for it (same shape, dtype and device).
+  const Problem p = validate_kvcache(q, k_cache, v_cache, q, args, options);
+  return make_plan(p, args.num_splits, processors_of(p, options.num_threads));
+}
+
+void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& out, const KVCacheArgs& args,
+                     const AttentionOptions& options) {
+  const Problem p = validate_kvcache(q, k_cache, v_cache, out, args, options);
+  const Plan plan = make_plan(p, args.num_splits, processors_of(p, options.num_threads));
+  validate_workspace(args, plan.workspace_bytes);
+  if (p.batch == 0) return;
+  Scratch scratch(p, plan.workspace_bytes, args.workspace, options.stream);
+
+  // 1. append the new keys/values (rotated) and rotate q
+  Tensor q_used = q;
+  if (p.seqlen_new > 0 || p.rotary_dim > 0) {
+    AppendParams ap = make_append_params(p, q, k_cache, v_cache, args, options);
+    if (p.rotary_dim > 0) {
+      ap.q_rot = scratch.at(workspace_layout(p, plan.num_splits).q_rot_offset);
+      q_used = Tensor::contiguous(ap.q_rot, q.dtype, {q.shape[0], q.shape[1], q.shape[2], q.shape[3]},
+                                  q.device, q.device_index);
+    }
+    if (p.device == Device::cuda) {
+      cuda::run_append(ap, options.stream);
+    } else {
+      cpu::run_append(ap);
+    }
+  }
+  if (p.seqlen_q == 0) return;
+
+  // 2. attend over the cache
+  AttnParams a = make_params(p, q_used, k_cache, v_cache, out, options);
+  a.seqused_k = ints(args.cache_seqlens);
+  a.seqused_k_added = p.seqlen_new;
+  a.leftpad_k = ints(args.cache_leftpad);
+  a.cache_batch_idx = ints(args.cache_batch_idx);
+  set_paging(a, args.block_table, p.page_size);
+  run_attention(p, a, plan, scratch, options.stream);
+}
+
+}  // namespace flashattn

@@ -1,0 +1,41 @@
+// Planning: how a problem is cut into work (split-KV count, GQA packing) and the scratch it
+// needs. Pure host functions of shapes and device facts, unit-tested.
+#pragma once
+
+#include <cstddef>
+
+#include "api/validate.h"
+
+namespace flashattn {
+
+// Query rows of one tile in the split-KV / decode work decomposition.
+constexpr int kPlanBlockM = 64;
+// GQA packing pays when a query tile would otherwise be mostly empty.
+constexpr int kPackGqaMaxSeqlenQ = 64;
+// FlashAttention-2's rule: with work for >= 80% of the processors, do not split.
+constexpr double kSplitFillFraction = 0.8;
+// Take the fewest splits whose wave efficiency is within 85% of the best.
+constexpr double kSplitEfficiencyFraction = 0.85;
+constexpr size_t kWorkspaceAlign = 256;
+
+// FlashAttention-2's wave-efficiency heuristic. work_tiles: CTAs without splitting;
+// processors: SMs (CUDA) or threads (CPU); key_tiles: K/V tiles of the longest sequence.
+int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits);
+
+bool should_pack_gqa(int seqlen_q, int heads, int heads_k);
+
+struct Workspace {
+  size_t o_accum_offset = 0, lse_accum_offset = 0, q_rot_offset = 0;
+  size_t bytes = 0;
+};
+
+// Scratch layout for num_splits partials and (with rotary) the rotated q.
+Workspace workspace_layout(const Problem& p, int num_splits);
+
+// The plan of a validated problem. requested_splits: 0 = heuristic.
+Plan make_plan(const Problem& p, int requested_splits, int processors);
+
+// The processors the heuristic counts for this device (SMs or CPU threads).
+int processors_of(const Problem& p, int num_threads);
+
+}  // namespace flashattn

@@ -1,0 +1,492 @@
+// Every rule of the public API, checked before anything runs.
+//
+// Rules that need the values of index tensors (cu_seqlens, cache_seqlens, block_table, ...) are
+// checked only when those tensors live in host memory: reading device memory would need a
+// synchronisation, which decode must not pay (FlashAttention-2 does not check them either).
+#include "api/validate.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "api/backend.h"
+
+namespace flashattn {
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kCudaHeadDimMultiple = 8;    // 16-byte rows of fp16/bf16
+constexpr int kCudaAlignmentBytes = 16;    // cp.async 16-byte copies
+constexpr size_t kWorkspaceAlignment = 256;
+
+namespace {
+
+[[noreturn]] void fail(Error::Kind kind, const std::string& arg, const std::string& rule,
+                       const std::string& seen) {
+  throw Error(kind, arg + ": " + rule + " (got " + seen + ")");
+}
+[[noreturn]] void fail(const std::string& arg, const std::string& rule, const std::string& seen) {
+  fail(Error::Kind::invalid_argument, arg, rule, seen);
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void require_defined(const Tensor& t, const char* name) {
+  if (!t.defined()) fail(name, "is required", "an undefined tensor");
+  if (t.data == nullptr && t.numel() > 0) fail(name, "has no data pointer", "nullptr");
+}
+
+void require_ndim(const Tensor& t, const char* name, int ndim, const char* layout) {
+  if (t.ndim != ndim) {
+    fail(name, std::string("must have ") + str(ndim) + " dims " + layout,
+         str(t.ndim) + " dims " + shape_string(t));
+  }
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) fail(name, "must have non-negative sizes", shape_string(t));
+  }
+}
+
+void require_dtype(const Tensor& t, const char* name, DType dtype) {
+  if (t.dtype != dtype) {
+    fail(Error::Kind::type_error, name, std::string("must be ") + dtype_name(dtype),
+         dtype_name(t.dtype));
+  }
+}
+
+void require_same_device(const Tensor& t, const char* name, const Tensor& q) {
+  if (t.device != q.device || (t.device == Device::cuda && t.device_index != q.device_index)) {
+    std::string want = std::string(device_name(q.device)) +
+                       (q.device == Device::cuda ? ":" + str(q.device_index) : "");
+    std::string seen = std::string(device_name(t.device)) +
+                       (t.device == Device::cuda ? ":" + str(t.device_index) : "");
+    fail(name, "must be on the same device as q (" + want + ")", seen);
+  }
+}
+
+void require_last_dim_contiguous(const Tensor& t, const char* name) {
+  if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.stride[t.ndim - 1] != 1) {
+    fail(name, "must have a contiguous last dimension (stride 1)",
+         "stride " + str(t.stride[t.ndim - 1]));
+  }
+}
+
+void require_dim(const Tensor& t, const char* name, int dim, int64_t expected,
+                 const std::string& meaning) {
+  if (t.shape[dim] != expected) {
+    fail(name, "dim " + str(dim) + " must be " + meaning + " = " + str(expected),
+         shape_string(t));
+  }
+}
+
+// An optional int32 index tensor of shape (n): on q's device, contiguous.
+void check_index_vector(const Tensor& t, const char* name, const Tensor& q, int64_t n,
+                        const std::string& meaning) {
+  if (!t.defined()) return;
+  require_dtype(t, name, DType::i32);
+  require_same_device(t, name, q);
+  require_ndim(t, name, 1, meaning.c_str());
+  require_dim(t, name, 0, n, "the batch size" + std::string(n == 0 ? "" : ""));
+  if (t.data == nullptr && n > 0) fail(name, "has no data pointer", "nullptr");
+  require_last_dim_contiguous(t, name);
+}
+
+const int* host_ints(const Tensor& t) {
+  return (t.defined() && t.device == Device::cpu) ? static_cast<const int*>(t.data) : nullptr;
+}
+
+// ---- the element tensors ----------------------------------------------------------------
+
+void check_storage_dtype(const Tensor& q) {
+  const bool half = q.dtype == DType::f16 || q.dtype == DType::bf16;
+  if (q.device == Device::cuda && !half) {
+    fail(Error::Kind::type_error, "q", "must be fp16 or bf16 on cuda", dtype_name(q.dtype));
+  }
+  if (!half && q.dtype != DType::f32) {
+    fail(Error::Kind::type_error, "q", "must be fp16, bf16 or fp32 (fp32 on cpu only)",
+         dtype_name(q.dtype));
+  }
+}
+
+void check_like_q(const Tensor& t, const char* name, const Tensor& q) {
+  require_defined(t, name);
+  if (t.dtype != q.dtype) {
+    fail(Error::Kind::type_error, name, std::string("must have q's dtype ") + dtype_name(q.dtype),
+         dtype_name(t.dtype));
+  }
+  require_same_device(t, name, q);
+  require_last_dim_contiguous(t, name);
+}
+
+void check_cuda_alignment(const Tensor& t, const char* name) {
+  if (t.device != Device::cuda || !t.defined()) return;
+  const size_t bytes = dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % kCudaAlignmentBytes != 0) {
+    fail(name, "data must be 16-byte aligned on cuda", "address % 16 = " +
+         str(int64_t(reinterpret_cast<uintptr_t>(t.data) % kCudaAlignmentBytes)));
+  }
+  for (int i = 0; i + 1 < t.ndim; ++i) {
+    if (t.shape[i] > 1 && (t.stride[i] * int64_t(bytes)) % kCudaAlignmentBytes != 0) {
+      fail(name, "strides must be multiples of 16 bytes on cuda (" +
+                     str(kCudaAlignmentBytes / int64_t(bytes)) + " elements)",
+           "stride " + str(t.stride[i]) + " in dim " + str(i));
+    }
+  }
+}
+
+void check_head_dim(const Tensor& q, int d) {
+  if (d < 1 || d > kMaxHeadDim) fail("q", "head dim must be in [1, 256]", str(d));
+  if (q.device == Device::cuda) {
+    if (d % kCudaHeadDimMultiple != 0) {
+      fail("q", "head dim must be a multiple of 8 on cuda", str(d));
+    }
+    if (!cuda::supports(q.dtype, d)) {
+      fail(Error::Kind::unsupported, "q",
+           std::string("no CUDA kernel compiled for this dtype and head dim (compiled: ") +
+               cuda::compiled_instances() + ")",
+           std::string(dtype_name(q.dtype)) + " head dim " + str(d));
+    }
+  }
+}
+
+void check_heads(int heads, int heads_k) {
+  if (heads < 1) fail("q", "must have at least one head", str(heads));
+  if (heads_k < 1) fail("k", "must have at least one head", str(heads_k));
+  if (heads % heads_k != 0) {
+    fail("k", "query heads must be a multiple of key/value heads (" + str(heads) + ")",
+         str(heads_k) + " heads");
+  }
+}
+
+// ---- options ------------------------------------------------------------------------------
+
+void check_options(const AttentionOptions& o, const Tensor& q, const Problem& p,
+                   int64_t lse_rows_total) {
+  if (o.softmax_scale && !std::isfinite(*o.softmax_scale)) {
+    fail("softmax_scale", "must be finite", std::to_string(*o.softmax_scale));
+  }
+  if (!std::isfinite(o.softcap) || o.softcap < 0.0f) {
+    fail("softcap", "must be finite and >= 0 (0 = off)", std::to_string(o.softcap));
+  }
+  if (o.window_left < -1) fail("window_left", "must be >= -1 (-1 = unbounded)", str(o.window_left));
+  if (o.window_right < -1) {
+    fail("window_right", "must be >= -1 (-1 = unbounded)", str(o.window_right));
+  }
+  if (o.num_threads < 0) fail("num_threads", "must be >= 0 (0 = all)", str(o.num_threads));
+  if (o.alibi_slopes.defined()) {
+    const Tensor& a = o.alibi_slopes;
+    require_dtype(a, "alibi_slopes", DType::f32);
+    require_same_device(a, "alibi_slopes", q);
+    if (a.ndim == 1) {
+      require_dim(a, "alibi_slopes", 0, p.heads, "the number of query heads");
+    } else if (a.ndim == 2) {
+      require_dim(a, "alibi_slopes", 0, p.batch, "the batch size");
+      require_dim(a, "alibi_slopes", 1, p.heads, "the number of query heads");
+    } else {
+      fail("alibi_slopes", "must have shape (heads) or (batch, heads)", shape_string(a));
+    }
+    require_last_dim_contiguous(a, "alibi_slopes");
+  }
+  if (o.softmax_lse.defined()) {
+    const Tensor& l = o.softmax_lse;
+    require_dtype(l, "softmax_lse", DType::f32);
+    require_same_device(l, "softmax_lse", q);
+    if (p.varlen) {
+      require_ndim(l, "softmax_lse", 2, "(heads, total_q)");
+      require_dim(l, "softmax_lse", 0, p.heads, "the number of query heads");
+      require_dim(l, "softmax_lse", 1, lse_rows_total, "total_q");
+    } else {
+      require_ndim(l, "softmax_lse", 3, "(batch, heads, seqlen_q)");
+      require_dim(l, "softmax_lse", 0, p.batch, "the batch size");
+      require_dim(l, "softmax_lse", 1, p.heads, "the number of query heads");
+      require_dim(l, "softmax_lse", 2, p.seqlen_q, "seqlen_q");
+    }
+    require_last_dim_contiguous(l, "softmax_lse");
+  }
+}
+
+void check_out(const Tensor& out, const Tensor& q) {
+  check_like_q(out, "out", q);
+  if (out.ndim != q.ndim) fail("out", "must have q's shape " + shape_string(q), shape_string(out));
+  for (int i = 0; i < q.ndim; ++i) {
+    if (out.shape[i] != q.shape[i]) {
+      fail("out", "must have q's shape " + shape_string(q), shape_string(out));
+    }
+  }
+  check_cuda_alignment(out, "out");
+}
+
+void check_q_k_v(const Tensor& q, const Tensor& k, const Tensor& v) {
+  require_defined(q, "q");
+  check_storage_dtype(q);
+  require_last_dim_contiguous(q, "q");
+  check_like_q(k, "k", q);
+  check_like_q(v, "v", q);
+  if (k.ndim != v.ndim) fail("v", "must have k's shape " + shape_string(k), shape_string(v));
+  for (int i = 0; i < k.ndim; ++i) {
+    if (k.shape[i] != v.shape[i]) fail("v", "must have k's shape " + shape_string(k), shape_string(v));
+  }
+  check_cuda_alignment(q, "q");
+  check_cuda_alignment(k, "k");
+  check_cuda_alignment(v, "v");
+}
+
+// ---- paging ---------------------------------------------------------------------------------
+
+// block_table (b, max_pages) int32 over a paged cache (num_pages, page_size, hk, d).
+void check_block_table(const Tensor& bt, const Tensor& q, const Tensor& cache, int batch,
+                       const char* name) {
+  require_dtype(bt, name, DType::i32);
+  require_same_device(bt, name, q);
+  require_ndim(bt, name, 2, "(batch, max_pages)");
+  require_dim(bt, name, 0, batch, "the batch size");
+  require_last_dim_contiguous(bt, name);
+  if (cache.shape[1] < 1) fail("k", "page size (dim 1 of a paged cache) must be >= 1", shape_string(cache));
+  const int* table = host_ints(bt);
+  if (!table) return;
+  const int64_t num_pages = cache.shape[0];
+  for (int64_t b = 0; b < bt.shape[0]; ++b) {
+    for (int64_t j = 0; j < bt.shape[1]; ++j) {
+      const int page = table[b * bt.stride[0] + j];
+      if (page < 0 || page >= num_pages) {
+        fail(name, "entries must be page indices in [0, " + str(num_pages) + ")",
+             str(page) + " at [" + str(b) + ", " + str(j) + "]");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const AttentionOptions& options) {
+  require_defined(q, "q");
+  require_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
+  check_q_k_v(q, k, v);
+  require_ndim(k, "k", 4, "(batch, seqlen_k, heads_k, head_dim)");
+  Problem p;
+  p.device = q.device;
+  p.device_index = q.device_index;
+  p.dtype = q.dtype;
+  p.batch = int(q.shape[0]);
+  p.seqlen_q = int(q.shape[1]);
+  p.heads = int(q.shape[2]);
+  p.head_dim = int(q.shape[3]);
+  p.seqlen_k = int(k.shape[1]);
+  p.heads_k = int(k.shape[2]);
+  require_dim(k, "k", 0, p.batch, "q's batch size");
+  require_dim(k, "k", 3, p.head_dim, "q's head dim");
+  check_heads(p.heads, p.heads_k);
+  check_head_dim(q, p.head_dim);
+  check_out(out, q);
+  check_options(options, q, p, 0);
+  return p;
+}
+
+Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const VarlenArgs& args, const AttentionOptions& options) {
+  require_defined(q, "q");
+  require_ndim(q, "q", 3, "(total_q, heads, head_dim)");
+  check_q_k_v(q, k, v);
+  Problem p;
+  p.device = q.device;
+  p.device_index = q.device_index;
+  p.dtype = q.dtype;
+  p.varlen = true;
+  p.paged = args.block_table.defined();
+  p.heads = int(q.shape[1]);
+  p.head_dim = int(q.shape[2]);
+  require_defined(args.cu_seqlens_q, "cu_seqlens_q");
+  require_defined(args.cu_seqlens_k, "cu_seqlens_k");
+  require_ndim(args.cu_seqlens_q, "cu_seqlens_q", 1, "(batch + 1)");
+  if (args.cu_seqlens_q.shape[0] < 1) fail("cu_seqlens_q", "must have batch + 1 >= 1 entries", shape_string(args.cu_seqlens_q));
+  p.batch = int(args.cu_seqlens_q.shape[0] - 1);
+  check_index_vector(args.cu_seqlens_q, "cu_seqlens_q", q, p.batch + 1, "(batch + 1)");
+  check_index_vector(args.cu_seqlens_k, "cu_seqlens_k", q, p.batch + 1, "(batch + 1)");
+  check_index_vector(args.seqused_k, "seqused_k", q, p.batch, "(batch)");
+  check_index_vector(args.leftpad_k, "leftpad_k", q, p.batch, "(batch)");
+  if (args.max_seqlen_q < 0) fail("max_seqlen_q", "must be >= 0", str(args.max_seqlen_q));
+  if (args.max_seqlen_k < 0) fail("max_seqlen_k", "must be >= 0", str(args.max_seqlen_k));
+  p.seqlen_q = args.max_seqlen_q;
+  p.seqlen_k = args.max_seqlen_k;
+  if (p.paged) {
+    require_ndim(k, "k", 4, "(num_pages, page_size, heads_k, head_dim) with block_table");
+    p.page_size = int(k.shape[1]);
+    p.heads_k = int(k.shape[2]);
+    require_dim(k, "k", 3, p.head_dim, "q's head dim");
+    check_block_table(args.block_table, q, k, p.batch, "block_table");
+  } else {
+    require_ndim(k, "k", 3, "(total_k, heads_k, head_dim)");
+    p.heads_k = int(k.shape[1]);
+    require_dim(k, "k", 2, p.head_dim, "q's head dim");
+  }
+  check_heads(p.heads, p.heads_k);
+  check_head_dim(q, p.head_dim);
+  check_out(out, q);
+  check_options(options, q, p, q.shape[0]);
+
+  // Values, when they are readable on the host.
+  const int* cu_q = host_ints(args.cu_seqlens_q);
+  const int* cu_k = host_ints(args.cu_seqlens_k);
+  const int* used = host_ints(args.seqused_k);
+  const int* pad = host_ints(args.leftpad_k);
+  if (cu_q && cu_k) {
+    const int64_t key_rows = p.paged ? int64_t(args.block_table.shape[1]) * p.page_size : k.shape[0];
+    if (cu_q[0] != 0) fail("cu_seqlens_q", "must start at 0", str(cu_q[0]));
+    if (cu_k[0] != 0) fail("cu_seqlens_k", "must start at 0", str(cu_k[0]));
+    for (int b = 0; b < p.batch; ++b) {
+      const int len_q = cu_q[b + 1] - cu_q[b];
+      const int len_k = cu_k[b + 1] - cu_k[b];
+      if (len_q < 0) fail("cu_seqlens_q", "must be non-decreasing", "a decrease at " + str(b));
+      if (len_k < 0) fail("cu_seqlens_k", "must be non-decreasing", "a decrease at " + str(b));
+      if (len_q > p.seqlen_q) {
+        fail("max_seqlen_q", "must be >= every query length", str(p.seqlen_q) + " < " + str(len_q) + " of sequence " + str(b));
+      }
+      const int end_k = used ? used[b] : len_k;
+      const int start_k = pad ? pad[b] : 0;
+      if (used && (used[b] < 0 || used[b] > len_k)) {
+        fail("seqused_k", "must be in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]", str(used[b]) + " at " + str(b));
+      }
+      if (start_k < 0 || start_k > end_k) {
+        fail("leftpad_k", "must be in [0, keys of the sequence]", str(start_k) + " at " + str(b));
+      }
+      if (end_k - start_k > p.seqlen_k) {
+        fail("max_seqlen_k", "must be >= every key length", str(p.seqlen_k) + " < " + str(end_k - start_k) + " of sequence " + str(b));
+      }
+      if (p.paged && len_k > key_rows) {
+        fail("block_table", "must hold every sequence's keys (" + str(len_k) + " at sequence " + str(b) + ")", str(key_rows) + " rows");
+      }
+    }
+    if (cu_q[p.batch] > q.shape[0]) fail("cu_seqlens_q", "last entry must be <= total_q " + str(q.shape[0]), str(cu_q[p.batch]));
+    if (!p.paged && cu_k[p.batch] > k.shape[0]) fail("cu_seqlens_k", "last entry must be <= total_k " + str(k.shape[0]), str(cu_k[p.batch]));
+  }
+  return p;
+}
+
+Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const Tensor& out, const KVCacheArgs& args,
+                         const AttentionOptions& options) {
+  require_defined(q, "q");
+  require_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
+  require_defined(k_cache, "k_cache");
+  require_defined(v_cache, "v_cache");
+  check_q_k_v(q, k_cache, v_cache);
+  require_ndim(k_cache, "k_cache", 4, "(batch_cache, seqlen_cache, heads_k, head_dim) or (num_pages, page_size, heads_k, head_dim)");
+  Problem p;
+  p.device = q.device;
+  p.device_index = q.device_index;
+  p.dtype = q.dtype;
+  p.kvcache = true;
+  p.paged = args.block_table.defined();
+  p.batch = int(q.shape[0]);
+  p.seqlen_q = int(q.shape[1]);
+  p.heads = int(q.shape[2]);
+  p.head_dim = int(q.shape[3]);
+  p.heads_k = int(k_cache.shape[2]);
+  require_dim(k_cache, "k_cache", 3, p.head_dim, "q's head dim");
+  check_heads(p.heads, p.heads_k);
+  check_head_dim(q, p.head_dim);
+  check_out(out, q);
+
+  if (p.paged) {
+    if (args.cache_batch_idx.defined()) {
+      fail("cache_batch_idx", "cannot be combined with block_table (the table maps batches to pages)", "both given");
+    }
+    p.page_size = int(k_cache.shape[1]);
+    check_block_table(args.block_table, q, k_cache, p.batch, "block_table");
+    p.seqlen_k = int(args.block_table.shape[1]) * p.page_size;
+  } else {
+    p.seqlen_k = int(k_cache.shape[1]);
+    if (!args.cache_batch_idx.defined()) {
+      require_dim(k_cache, "k_cache", 0, p.batch, "q's batch size (or give cache_batch_idx)");
+    }
+  }
+  check_index_vector(args.cache_seqlens, "cache_seqlens", q, p.batch, "(batch)");
+  check_index_vector(args.cache_batch_idx, "cache_batch_idx", q, p.batch, "(batch)");
+  check_index_vector(args.cache_leftpad, "cache_leftpad", q, p.batch, "(batch)");
+
+  // appended keys and values
+  if (args.k_new.defined() != args.v_new.defined()) {
+    fail(args.k_new.defined() ? "v_new" : "k_new", "must be given together with the other of k_new/v_new", "only one");
+  }
+  if (args.k_new.defined()) {
+    for (const auto& [t, name] : {std::pair{&args.k_new, "k_new"}, std::pair{&args.v_new, "v_new"}}) {
+      check_like_q(*t, name, q);
+      require_ndim(*t, name, 4, "(batch, seqlen_new, heads_k, head_dim)");
+      require_dim(*t, name, 0, p.batch, "q's batch size");
+      require_dim(*t, name, 2, p.heads_k, "the cache's heads_k");
+      require_dim(*t, name, 3, p.head_dim, "q's head dim");
+      check_cuda_alignment(*t, name);
+    }
+    if (args.v_new.shape[1] != args.k_new.shape[1]) fail("v_new", "must have k_new's shape " + shape_string(args.k_new), shape_string(args.v_new));
+    p.seqlen_new = int(args.k_new.shape[1]);
+    if (p.seqlen_new > 0 && !args.cache_seqlens.defined()) {
+      fail("cache_seqlens", "is required when k_new/v_new are given (where to append)", "undefined");
+    }
+    if (p.seqlen_new > p.seqlen_k) fail("k_new", "cannot have more rows than the cache holds (" + str(p.seqlen_k) + ")", str(p.seqlen_new));
+  }
+
+  // rotary
+  if (args.rotary_cos.defined() != args.rotary_sin.defined()) {
+    fail(args.rotary_cos.defined() ? "rotary_sin" : "rotary_cos", "must be given together with the other of rotary_cos/rotary_sin", "only one");
+  }
+  if (args.rotary_cos.defined()) {
+    for (const auto& [t, name] : {std::pair{&args.rotary_cos, "rotary_cos"}, std::pair{&args.rotary_sin, "rotary_sin"}}) {
+      check_like_q(*t, name, q);
+      require_ndim(*t, name, 2, "(max_position, rotary_dim / 2)");
+    }
+    if (args.rotary_sin.shape[0] != args.rotary_cos.shape[0] || args.rotary_sin.shape[1] != args.rotary_cos.shape[1]) {
+      fail("rotary_sin", "must have rotary_cos's shape " + shape_string(args.rotary_cos), shape_string(args.rotary_sin));
+    }
+    if (!args.cache_seqlens.defined()) fail("cache_seqlens", "is required with rotary (positions start there)", "undefined");
+    p.rotary_dim = int(2 * args.rotary_cos.shape[1]);
+    if (p.rotary_dim < 2 || p.rotary_dim > p.head_dim) {
+      fail("rotary_cos", "dim 1 must be in [1, head_dim / 2] (rotary_dim = 2 * dim 1 <= " + str(p.head_dim) + ")", shape_string(args.rotary_cos));
+    }
+    if (args.rotary_cos.shape[0] < p.seqlen_k) {
+      fail("rotary_cos", "must have a row for every cache position (" + str(p.seqlen_k) + ")", shape_string(args.rotary_cos));
+    }
+    if (args.rotary_cos.stride[0] != args.rotary_sin.stride[0]) {
+      fail("rotary_sin", "must have rotary_cos's row stride " + str(args.rotary_cos.stride[0]), str(args.rotary_sin.stride[0]));
+    }
+    if (q.device == Device::cuda && !args.rotary_cos.is_contiguous()) {
+      fail("rotary_cos", "must be contiguous on cuda", describe(args.rotary_cos));
+    }
+  }
+  if (args.num_splits < 0 || args.num_splits > kMaxSplits) {
+    fail("num_splits", "must be in [0, 128] (0 = heuristic)", str(args.num_splits));
+  }
+  check_options(options, q, p, 0);
+
+  // Values, when they are readable on the host.
+  const int* seqlens = host_ints(args.cache_seqlens);
+  const int* batch_idx = host_ints(args.cache_batch_idx);
+  const int* leftpad = host_ints(args.cache_leftpad);
+  for (int b = 0; b < p.batch; ++b) {
+    if (batch_idx && (batch_idx[b] < 0 || batch_idx[b] >= k_cache.shape[0])) {
+      fail("cache_batch_idx", "entries must be in [0, " + str(k_cache.shape[0]) + ")", str(batch_idx[b]) + " at " + str(b));
+    }
+    const int end = seqlens ? seqlens[b] : p.seqlen_k;
+    if (seqlens && (end < 0 || end + p.seqlen_new > p.seqlen_k)) {
+      fail("cache_seqlens", "entries plus seqlen_new (" + str(p.seqlen_new) + ") must be in [0, " + str(p.seqlen_k) + "]", str(end) + " at " + str(b));
+    }
+    if (leftpad && (leftpad[b] < 0 || leftpad[b] > end)) {
+      fail("cache_leftpad", "entries must be in [0, cache_seqlens[b]]", str(leftpad[b]) + " at " + str(b));
+    }
+  }
+  return p;
+}
+
+void validate_workspace(const KVCacheArgs& args, size_t needed_bytes) {
+  if (args.workspace == nullptr) {
+    if (args.workspace_bytes != 0) fail("workspace", "is null but workspace_bytes is set", str(int64_t(args.workspace_bytes)));
+    return;
+  }
+  if (reinterpret_cast<uintptr_t>(args.workspace) % kWorkspaceAlignment != 0) {
+    fail("workspace", "must be 256-byte aligned", "address % 256 = " + str(int64_t(reinterpret_cast<uintptr_t>(args.workspace) % kWorkspaceAlignment)));
+  }
+  if (args.workspace_bytes < needed_bytes) {
+    fail("workspace_bytes", "must be >= plan_kvcache(...).workspace_bytes = " + str(int64_t(needed_bytes)), str(int64_t(args.workspace_bytes)));
+  }
+}
+
+}  // namespace flashattn

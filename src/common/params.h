@@ -1,0 +1,123 @@
+// AttnParams: the one plain-old-data description of an attention problem that both backends
+// run. The API layer fills it after validation; a backend never re-validates.
+//
+// Addressing (all strides in elements, int64):
+//   query row i of sequence b, head h:
+//     q + b*q_batch_stride + (q_row_offset(b) + i)*q_row_stride + h*q_head_stride
+//     q_row_offset(b) = cu_seqlens_q ? cu_seqlens_q[b] : 0   (varlen: q_batch_stride == 0)
+//   out and lse are addressed the same way (lse row stride is 1).
+//   key j (0-based among the visible keys of sequence b) lives at absolute position
+//     p = leftpad_k(b) + j. Contiguous K:  k + kv_batch(b)*k_batch_stride
+//                                             + (k_row_offset(b) + p)*k_row_stride + hk*k_head_stride
+//     with kv_batch(b) = cache_batch_idx ? cache_batch_idx[b] : b and
+//          k_row_offset(b) = (cu_seqlens_k && !block_table) ? cu_seqlens_k[b] : 0.
+//   Paged K (block_table set): page = block_table[b*block_table_batch_stride + p / page_size],
+//     k + page*k_batch_stride + (p % page_size)*k_row_stride + hk*k_head_stride.
+//   V likewise with the v_* strides.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+struct AttnParams {
+  DType dtype = DType::bf16;  // storage type of q, k, v, out (f16, bf16; CPU also f32)
+
+  // ---- tensors -------------------------------------------------------------------------
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+
+  float* lse = nullptr;  // optional (b, h, sq) or (h, total_q), fp32
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  // ---- sizes ---------------------------------------------------------------------------
+  int batch = 0;
+  int num_heads = 0;     // h (query heads)
+  int num_heads_k = 0;   // hk; h % hk == 0
+  int head_dim = 0;      // d, the real head dim (kernels may round up internally)
+  int seqlen_q = 0;      // dense: sq; varlen: max_seqlen_q (an upper bound)
+  int seqlen_k = 0;      // dense: sk; varlen: max_seqlen_k; kv-cache: max keys of a row
+
+  // ---- per-sequence lengths and offsets (all optional, device/host like q) ----------------
+  const int* cu_seqlens_q = nullptr;    // (b + 1)
+  const int* cu_seqlens_k = nullptr;    // (b + 1)
+  const int* seqused_k = nullptr;       // (b): keys end (absolute position) of sequence b
+  int seqused_k_added = 0;              // added to seqused_k[b] (kv-cache: s_new)
+  const int* leftpad_k = nullptr;       // (b)
+  const int* cache_batch_idx = nullptr; // (b)
+  const int* block_table = nullptr;     // (b, max_pages)
+  int64_t block_table_batch_stride = 0;
+  int page_size = 0;                    // rows per page when block_table is set
+
+  // ---- score function and masks ------------------------------------------------------------
+  float softmax_scale = 1.0f;   // multiplies q·k
+  float softcap = 0.0f;         // > 0: s = softcap * tanh(q·k * scale / softcap)
+  bool causal = false;          // informational; folded into window_right = 0
+  int window_left = -1;         // -1 = unbounded
+  int window_right = -1;        // -1 = unbounded
+  const float* alibi_slopes = nullptr;  // (h) or (b, h)
+  int64_t alibi_batch_stride = 0;       // 0 for (h)
+
+  // ---- work decomposition ------------------------------------------------------------------
+  bool pack_gqa = false;  // one tile holds the h/hk query heads that share a KV head
+  int num_splits = 1;     // > 1: write partials to o_accum / lse_accum, then combine
+  float* o_accum = nullptr;    // (num_splits, b, h, seqlen_q, head_dim) fp32
+  float* lse_accum = nullptr;  // (num_splits, b, h, seqlen_q) fp32
+
+  // ---- CPU only ----------------------------------------------------------------------------
+  int num_threads = 0;
+};
+
+// Appending new keys/values into a KV cache, with optional rotary embedding of q and k.
+// Run before attention. Rotary position of new key t of batch b: seqused_k[b] + t (absolute,
+// i.e. the cache row it is written to). Rotary position of query i: seqused_k[b] + i when
+// rotary_q_per_row (causal or local), else seqused_k[b] for every query.
+struct AppendParams {
+  DType dtype = DType::bf16;
+  int batch = 0, num_heads = 0, num_heads_k = 0, head_dim = 0;
+  int seqlen_q = 0;
+  int seqlen_new = 0;  // s_new; 0 = nothing to append
+
+  const int* cache_seqlens = nullptr;  // (b), required when seqlen_new > 0 or rotary is set
+  const int* cache_batch_idx = nullptr;
+  const int* block_table = nullptr;
+  int64_t block_table_batch_stride = 0;
+  int page_size = 0;
+
+  // destination cache (same addressing as AttnParams' K/V with leftpad 0)
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t kc_batch_stride = 0, kc_row_stride = 0, kc_head_stride = 0;
+  int64_t vc_batch_stride = 0, vc_row_stride = 0, vc_head_stride = 0;
+
+  // new keys / values (b, s_new, hk, d)
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
+  int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
+
+  // rotary: cos/sin (max_position, rotary_dim / 2), contiguous rows
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t rotary_row_stride = 0;
+  int rotary_dim = 0;  // 0 = no rotary
+  bool rotary_interleaved = true;
+  bool rotary_q_per_row = false;
+
+  // q in, rotated q out (b, sq, h, d); q_rot is contiguous scratch when rotary is set
+  const void* q = nullptr;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  void* q_rot = nullptr;
+
+  int num_threads = 0;
+};
+
+}  // namespace flashattn

@@ -1,0 +1,189 @@
+// The semantics of attention, written once, for host and device.
+//
+// Both backends call these; the float64 test oracle (tests/reference) does not: it re-states
+// the rules plainly so that a mistake here cannot hide in both the kernel and its check.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/params.h"
+
+#if defined(__CUDACC__)
+#define FA_HD __host__ __device__ __forceinline__
+#else
+#define FA_HD inline
+#endif
+
+namespace flashattn {
+
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) == exp2(x * kLog2e)
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
+
+// ---- per-sequence geometry ---------------------------------------------------------------
+
+struct SeqInfo {
+  int seqlen_q;        // queries of this sequence
+  int seqlen_k;        // visible keys of this sequence (after leftpad)
+  int64_t q_row_offset;  // varlen packing offset of the first query row
+  int64_t k_row_offset;  // varlen packing offset of the first key row (contiguous K only)
+  int leftpad;         // absolute position of key 0
+  int kv_batch;        // batch index into the (contiguous) cache
+};
+
+FA_HD SeqInfo seq_info(const AttnParams& p, int b) {
+  SeqInfo s;
+  s.q_row_offset = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
+  s.seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : p.seqlen_q;
+  s.leftpad = p.leftpad_k ? p.leftpad_k[b] : 0;
+  s.k_row_offset = (p.cu_seqlens_k && !p.block_table) ? p.cu_seqlens_k[b] : 0;
+  int keys_end;  // absolute position one past the last key
+  if (p.seqused_k) {
+    keys_end = p.seqused_k[b] + p.seqused_k_added;
+  } else if (p.cu_seqlens_k) {
+    keys_end = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  } else {
+    keys_end = p.seqlen_k;
+  }
+  s.seqlen_k = keys_end - s.leftpad;
+  if (s.seqlen_k < 0) s.seqlen_k = 0;
+  s.kv_batch = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+  return s;
+}
+
+// Element offset of key/value row j (0-based visible key) for KV head hk.
+FA_HD int64_t kv_row_offset(const AttnParams& p, const SeqInfo& s, int b, int j,
+                            int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                            int hk) {
+  const int pos = s.leftpad + j;
+  if (p.block_table) {
+    const int page = p.block_table[b * p.block_table_batch_stride + pos / p.page_size];
+    return page * batch_stride + int64_t(pos % p.page_size) * row_stride + hk * head_stride;
+  }
+  return s.kv_batch * batch_stride + (s.k_row_offset + pos) * row_stride + hk * head_stride;
+}
+
+// ---- masks -------------------------------------------------------------------------------
+
+// The visible keys of query row i form one interval [lo, hi) (possibly empty).
+struct KeyRange {
+  int lo, hi;
+};
+
+FA_HD KeyRange visible_keys(const AttnParams& p, int i, int seqlen_q, int seqlen_k) {
+  const int diag = i + seqlen_k - seqlen_q;  // the key aligned with query i (bottom-right)
+  KeyRange r{0, seqlen_k};
+  if (p.window_right >= 0 && diag + p.window_right + 1 < r.hi) r.hi = diag + p.window_right + 1;
+  if (p.window_left >= 0 && diag - p.window_left > r.lo) r.lo = diag - p.window_left;
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
+// Keys visible to at least one query in rows [i0, i1): [lo of row i0, hi of row i1 - 1).
+FA_HD KeyRange visible_keys_of_rows(const AttnParams& p, int i0, int i1, int seqlen_q,
+                                    int seqlen_k) {
+  KeyRange first = visible_keys(p, i0, seqlen_q, seqlen_k);
+  KeyRange last = visible_keys(p, i1 - 1, seqlen_q, seqlen_k);
+  KeyRange r{first.lo, last.hi};
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
+// ---- score -------------------------------------------------------------------------------
+
+// The logit of (query i, key j) from the raw dot product q·k, before masking.
+FA_HD float score_transform(const AttnParams& p, float qk) {
+  if (p.softcap > 0.0f) return p.softcap * tanhf(qk * (p.softmax_scale / p.softcap));
+  return qk * p.softmax_scale;
+}
+
+FA_HD float alibi_slope(const AttnParams& p, int b, int head) {
+  return p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + head] : 0.0f;
+}
+
+FA_HD float alibi_bias(float slope, int i, int j, int seqlen_q, int seqlen_k) {
+  const int dist = i + seqlen_k - seqlen_q - j;
+  return -slope * float(dist < 0 ? -dist : dist);
+}
+
+// ---- GQA ---------------------------------------------------------------------------------
+
+FA_HD int heads_per_kv_head(const AttnParams& p) { return p.num_heads / p.num_heads_k; }
+
+// With pack_gqa a tile row r of KV head hk stands for query (r / g, head hk*g + r % g).
+struct PackedRow {
+  int query;  // row i within the sequence
+  int head;   // query head
+};
+
+FA_HD PackedRow unpack_row(const AttnParams& p, int r, int hk) {
+  const int g = heads_per_kv_head(p);
+  return PackedRow{r / g, hk * g + r % g};
+}
+
+// ---- split-KV ----------------------------------------------------------------------------
+
+// Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at
+// the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
+FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 64 ? 128 : (head_dim <= 128 ? 128 : 64); }
+
+// The key tiles [tile_lo, tile_hi) that a query tile must visit (from its visible key range)
+// are cut into num_splits nearly equal runs; split `split` owns run number `split` (possibly
+// empty). Cutting the visible range of this sequence, not the cache capacity as
+// FlashAttention-2 does, keeps every split busy for short sequences in a long cache and for
+// sliding windows.
+FA_HD KeyRange split_tiles(int split, int num_splits, int tile_lo, int tile_hi) {
+  const int tiles = tile_hi - tile_lo;
+  const int per_split = (tiles + num_splits - 1) / num_splits;
+  int first = tile_lo + split * per_split;
+  int last = first + per_split;
+  if (last > tile_hi) last = tile_hi;
+  if (first > last) first = last;
+  return KeyRange{first, last};
+}
+
+// ---- combine -----------------------------------------------------------------------------
+
+// Row index of (split, b, head, i) in the split partials: o_accum holds head_dim floats per row,
+// lse_accum one. seqlen_q here is AttnParams::seqlen_q (the maximum over sequences).
+FA_HD int64_t accum_row(const AttnParams& p, int split, int b, int head, int i) {
+  return ((int64_t(split) * p.batch + b) * p.num_heads + head) * p.seqlen_q + i;
+}
+
+// Element offset of query row i of sequence b, head h, in q / out (see params.h).
+FA_HD int64_t q_offset(const AttnParams& p, const SeqInfo& s, int b, int i, int head) {
+  return b * p.q_batch_stride + (s.q_row_offset + i) * p.q_row_stride + head * p.q_head_stride;
+}
+FA_HD int64_t o_offset(const AttnParams& p, const SeqInfo& s, int b, int i, int head) {
+  return b * p.o_batch_stride + (s.q_row_offset + i) * p.o_row_stride + head * p.o_head_stride;
+}
+FA_HD int64_t lse_offset(const AttnParams& p, const SeqInfo& s, int b, int i, int head) {
+  return b * p.lse_batch_stride + head * p.lse_head_stride + s.q_row_offset + i;
+}
+
+// Running merge of partial results: (m, l) are the max logit and sum of exp(logit - m).
+// lse of a partial = m + log(l); an empty partial has lse = -inf.
+FA_HD float lse_from_ml(float m, float l) {
+  return (l > 0.0f) ? m + logf(l) : -INFINITY;
+}
+
+// ---- rotary ------------------------------------------------------------------------------
+
+// Index of the partner of element `c` (c < rotary_dim) and the cos/sin column it uses.
+struct RotaryPair {
+  int partner;
+  int col;      // column of cos/sin
+  float sign;   // x'[c] = x[c]*cos + sign*x[partner]*sin
+};
+
+FA_HD RotaryPair rotary_pair(int c, int rotary_dim, bool interleaved) {
+  const int half = rotary_dim / 2;
+  if (interleaved) {
+    const bool even = (c % 2) == 0;
+    return RotaryPair{even ? c + 1 : c - 1, c / 2, even ? -1.0f : 1.0f};
+  }
+  const bool first = c < half;
+  return RotaryPair{first ? c + half : c - half, first ? c : c - half, first ? -1.0f : 1.0f};
+}
+
+}  // namespace flashattn

@@ -1,0 +1,211 @@
+// The CUDA backend's entry points (src/api/backend.h): device queries, the choice of the
+// compiled (dtype, head dim) instance, and the launch sequence attention -> combine.
+#include <cutlass/numeric_types.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "api/backend.h"
+#include "cuda/launch.h"
+
+namespace flashattn {
+namespace cuda {
+
+namespace {
+
+// ---- compiled instances ------------------------------------------------------------------
+// cmake/cuda.cmake defines FLASHATTN_HAS_<DTYPE>_HDIM<D> for each instance file it builds; an
+// instance that is not compiled must never be named in a call (its symbol does not exist).
+
+template <typename Element, int kHeadDim>
+constexpr bool kCompiled = false;
+
+#ifdef FLASHATTN_HAS_BF16_HDIM32
+template <> constexpr bool kCompiled<cutlass::bfloat16_t, 32> = true;
+#endif
+#ifdef FLASHATTN_HAS_BF16_HDIM64
+template <> constexpr bool kCompiled<cutlass::bfloat16_t, 64> = true;
+#endif
+#ifdef FLASHATTN_HAS_BF16_HDIM96
+template <> constexpr bool kCompiled<cutlass::bfloat16_t, 96> = true;
+#endif
+#ifdef FLASHATTN_HAS_BF16_HDIM128
+template <> constexpr bool kCompiled<cutlass::bfloat16_t, 128> = true;
+#endif
+#ifdef FLASHATTN_HAS_BF16_HDIM192
+template <> constexpr bool kCompiled<cutlass::bfloat16_t, 192> = true;
+#endif
+#ifdef FLASHATTN_HAS_BF16_HDIM256
+template <> constexpr bool kCompiled<cutlass::bfloat16_t, 256> = true;
+#endif
+#ifdef FLASHATTN_HAS_FP16_HDIM32
+template <> constexpr bool kCompiled<cutlass::half_t, 32> = true;
+#endif
+#ifdef FLASHATTN_HAS_FP16_HDIM64
+template <> constexpr bool kCompiled<cutlass::half_t, 64> = true;
+#endif
+#ifdef FLASHATTN_HAS_FP16_HDIM96
+template <> constexpr bool kCompiled<cutlass::half_t, 96> = true;
+#endif
+#ifdef FLASHATTN_HAS_FP16_HDIM128
+template <> constexpr bool kCompiled<cutlass::half_t, 128> = true;
+#endif
+#ifdef FLASHATTN_HAS_FP16_HDIM192
+template <> constexpr bool kCompiled<cutlass::half_t, 192> = true;
+#endif
+#ifdef FLASHATTN_HAS_FP16_HDIM256
+template <> constexpr bool kCompiled<cutlass::half_t, 256> = true;
+#endif
+
+// Every head dim an instance can exist for, ascending, so the first fit is the smallest.
+#define FLASHATTN_ALL_HEAD_DIMS 32, 64, 96, 128, 192, 256
+
+// The smallest compiled kHeadDim >= head_dim, or 0.
+template <typename Element, int D, int... Rest>
+int smallest_head_dim(int head_dim) {
+  if (kCompiled<Element, D> && head_dim <= D) return D;
+  if constexpr (sizeof...(Rest) > 0) {
+    return smallest_head_dim<Element, Rest...>(head_dim);
+  } else {
+    return 0;
+  }
+}
+
+// Launches run_fwd<Element, kHeadDim> for the smallest fitting compiled kHeadDim.
+template <typename Element, int D, int... Rest>
+bool launch_fwd(const AttnParams& params, cudaStream_t stream) {
+  if constexpr (kCompiled<Element, D>) {
+    if (params.head_dim <= D) {
+      run_fwd<Element, D>(params, stream);
+      return true;
+    }
+  }
+  if constexpr (sizeof...(Rest) > 0) {
+    return launch_fwd<Element, Rest...>(params, stream);
+  } else {
+    return false;
+  }
+}
+
+template <typename Element, int D, int... Rest>
+void append_compiled(std::string& out) {
+  if (kCompiled<Element, D>) out += " " + std::to_string(D);
+  if constexpr (sizeof...(Rest) > 0) append_compiled<Element, Rest...>(out);
+}
+
+int smallest_compiled(DType dtype, int head_dim) {
+  switch (dtype) {
+    case DType::bf16: return smallest_head_dim<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(head_dim);
+    case DType::f16: return smallest_head_dim<cutlass::half_t, FLASHATTN_ALL_HEAD_DIMS>(head_dim);
+    default: return 0;
+  }
+}
+
+const char* dtype_label(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp16"; }
+
+// ---- device --------------------------------------------------------------------------------
+
+// Runs the launches on the device that owns the data (params carry no device index), and puts
+// the caller's current device back afterwards. No switch (and no cost) in the common case.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const void* data) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    cudaPointerAttributes attr{};
+    check_cuda(cudaPointerGetAttributes(&attr, data), "cudaPointerGetAttributes");
+    if (attr.type == cudaMemoryTypeDevice && attr.device != previous_) {
+      check_cuda(cudaSetDevice(attr.device), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);  // destructor: nothing to throw to
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace
+
+bool available() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device: clear the error, report "not available"
+    return false;
+  }
+  return count > 0;
+}
+
+int num_sms(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device_index);
+  if (it != cache.end()) return it->second;
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index),
+             "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+  cache[device_index] = sms;
+  return sms;
+}
+
+bool supports(DType dtype, int head_dim) {
+  return head_dim > 0 && smallest_compiled(dtype, head_dim) > 0;
+}
+
+void run_attention(const AttnParams& params, void* stream_handle) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  DeviceGuard guard(params.q);
+  bool launched = false;
+  if (params.dtype == DType::bf16) {
+    launched = launch_fwd<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(params, stream);
+  } else if (params.dtype == DType::f16) {
+    launched = launch_fwd<cutlass::half_t, FLASHATTN_ALL_HEAD_DIMS>(params, stream);
+  }
+  if (!launched) {
+    throw Error(Error::Kind::unsupported,
+                std::string("CUDA backend: no compiled kernel for dtype ") +
+                    (params.dtype == DType::bf16 ? "bf16" : params.dtype == DType::f16 ? "fp16" : "f32/i32") +
+                    " and head_dim " + std::to_string(params.head_dim) +
+                    " (compiled: " + compiled_instances() + ")");
+  }
+  if (params.num_splits > 1) run_combine(params, stream);
+}
+
+void run_append(const AppendParams& params, void* stream_handle) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  DeviceGuard guard(params.k_cache ? params.k_cache : params.q);
+  run_append_kernel(params, stream);
+}
+
+void* allocate(size_t bytes, void* stream_handle) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  check_cuda(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream_handle)),
+             "cudaMallocAsync");
+  return ptr;
+}
+
+void release(void* ptr, void* stream_handle) {
+  if (ptr == nullptr) return;
+  check_cuda(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream_handle)), "cudaFreeAsync");
+}
+
+std::string compiled_instances() {
+  std::string bf16, fp16;
+  append_compiled<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(bf16);
+  append_compiled<cutlass::half_t, FLASHATTN_ALL_HEAD_DIMS>(fp16);
+  std::string out;
+  if (!bf16.empty()) out += std::string(dtype_label(DType::bf16)) + ":" + bf16;
+  if (!fp16.empty()) out += (out.empty() ? "" : "; ") + std::string(dtype_label(DType::f16)) + ":" + fp16;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace cuda
+}  // namespace flashattn

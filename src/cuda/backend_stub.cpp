@@ -1,0 +1,29 @@
+// The CUDA backend of a CPU-only build (FLASHATTN_CUDA=OFF): reports "not available" and
+// refuses every launch, so the API layer needs no #ifdef.
+#include <string>
+
+#include "api/backend.h"
+
+namespace flashattn {
+namespace cuda {
+
+namespace {
+[[noreturn]] void refuse(const char* what) {
+  throw Error(Error::Kind::unsupported,
+              std::string("CUDA backend: ") + what + " needs CUDA, but flashattn was built without CUDA (FLASHATTN_CUDA=OFF)");
+}
+}  // namespace
+
+bool available() { return false; }
+int num_sms(int /*device_index*/) { return 0; }
+bool supports(DType /*dtype*/, int /*head_dim*/) { return false; }
+void run_attention(const AttnParams& /*params*/, void* /*stream*/) { refuse("attention"); }
+void run_append(const AppendParams& /*params*/, void* /*stream*/) { refuse("kv-cache append"); }
+void* allocate(size_t /*bytes*/, void* /*stream*/) { refuse("device allocation"); }
+void release(void* ptr, void* /*stream*/) {
+  if (ptr != nullptr) refuse("device release");
+}
+std::string compiled_instances() { return "none (built without CUDA)"; }
+
+}  // namespace cuda
+}  // namespace flashattn

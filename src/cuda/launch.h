@@ -1,0 +1,29 @@
+// Launchers between src/cuda/backend.cu (dispatch) and the kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/params.h"
+
+namespace flashattn {
+namespace cuda {
+
+// The attention kernel for one compiled (element type, head dim) instance, defined in
+// src/cuda/instances/fwd_<dtype>_hdim<D>.cu. Element is cutlass::half_t or cutlass::bfloat16_t.
+// params.head_dim <= kHeadDim (loads/stores are predicated on the real head dim).
+// num_splits == 1: writes o (and lse); num_splits > 1: writes o_accum / lse_accum only.
+template <typename Element, int kHeadDim>
+void run_fwd(const AttnParams& params, cudaStream_t stream);
+
+// Merges the split partials into o and lse (src/cuda/combine.cu).
+void run_combine(const AttnParams& params, cudaStream_t stream);
+
+// Appends k_new/v_new into the cache with rotary, and rotates q into q_rot (src/cuda/append.cu).
+void run_append_kernel(const AppendParams& params, cudaStream_t stream);
+
+// Throws flashattn::Error(runtime) naming the call and the CUDA error.
+void check_cuda(cudaError_t err, const char* what);
+void check_launch(const char* kernel_name);
+
+}  // namespace cuda
+}  // namespace flashattn
