@@ -2,7 +2,7 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
+#include <string>
 
 #include "common/half.h"
 #include "flashattn/flashattn.h"

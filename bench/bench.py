@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark on one GPU: flashattn vs PyTorch SDPA FLASH_ATTENTION (FlashAttention-2)
+and CUDNN_ATTENTION, on identical inputs, in one process.
+
+    python3 bench/bench.py prefill --out bench/results/prefill-h200.json --plot bench/results/prefill-h200.png
+    python3 bench/bench.py decode  --out bench/results/decode-h200.json  --plot bench/results/decode-h200.png
+
+Prefill follows the FlashAttention-2 benchmark convention: 16384 tokens per batch
+(batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim), bf16, FLOPs = 4*b*h*s*s*d,
+halved when causal. Decode: q_len 1, 32 query heads, 8 KV heads, head_dim 128, bf16; bytes =
+K and V read. Times are triton.testing.do_bench medians (ms).
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashattn
+
+try:
+    from triton.testing import do_bench
+except ImportError:  # pragma: no cover - triton ships with torch on the GPU machine
+    do_bench = None
+
+TOKENS = 16384
+HIDDEN = 2048
+
+
+def median_ms(fn):
+    if do_bench is not None:
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(20):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def sdpa_ms(backend, q, k, v, causal, gqa=False):
+    """q (b, s, h, d) etc.; SDPA wants (b, h, s, d): pass transposed views (same memory)."""
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    try:
+        with sdpa_kernel(backend):
+            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+            fn()
+            return median_ms(fn)
+    except RuntimeError as e:  # backend refused this shape
+        print(f"  {backend}: {str(e).splitlines()[0][:80]}", file=sys.stderr)
+        return float("nan")
+
+
+def progress(i, n, label):
+    done = int(30 * i / n)
+    print(f"\r[{'#' * done}{'-' * (30 - done)}] {i}/{n} {label:<40}", end="", file=sys.stderr, flush=True)
+
+
+def max_err(ours, q, k, v, causal):
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
+                                         v.transpose(1, 2).float(), is_causal=causal)
+    return (ours.float() - ref.transpose(1, 2)).abs().max().item()
+
+
+def bench_prefill(args):
+    rows = []
+    points = [(d, s, c) for d in args.head_dims for s in args.seqlens for c in (False, True)]
+    for i, (d, s, causal) in enumerate(points):
+        progress(i, len(points), f"prefill d={d} s={s} causal={causal}")
+        b, h = TOKENS // s, HIDDEN // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        tflops = lambda ms: flops / (ms * 1e-3) / 1e12
+        out = flashattn.flash_attn_func(q, k, v, causal=causal)
+        err = max_err(out, q, k, v, causal) if s <= 4096 else float("nan")
+        ours = median_ms(lambda: flashattn.flash_attn_func(q, k, v, causal=causal))
+        flash = sdpa_ms(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+        cudnn = sdpa_ms(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
+        rows.append(dict(kind="prefill", d=d, h=h, b=b, s=s, causal=causal, ours=tflops(ours),
+                         flash=tflops(flash), cudnn=tflops(cudnn), ours_ms=ours, max_err=err))
+        del q, k, v, out
+    progress(len(points), len(points), "done")
+    print(file=sys.stderr)
+    return rows
+
+
+def bench_decode(args):
+    rows = []
+    h, hk, d = 32, 8, 128
+    points = [(b, c, p) for b in args.batches for c in args.contexts for p in args.page_sizes
+              if b * c <= 2 * 1024 * 1024]
+    for i, (b, ctx, page) in enumerate(points):
+        progress(i, len(points), f"decode b={b} ctx={ctx} page={page}")
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+        kwargs = dict(cache_seqlens=seqlens)
+        kc, vc = k, v
+        if page:
+            pages_per_seq = ctx // page
+            perm = torch.randperm(b * pages_per_seq, device="cuda")
+            block_table = perm.view(b, pages_per_seq).to(torch.int32)
+            kc = torch.empty(b * pages_per_seq, page, hk, d, device="cuda", dtype=torch.bfloat16)
+            vc = torch.empty_like(kc)
+            kc[block_table.flatten().long()] = k.reshape(b * pages_per_seq, page, hk, d)
+            vc[block_table.flatten().long()] = v.reshape(b * pages_per_seq, page, hk, d)
+            kwargs["block_table"] = block_table
+        fn = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, **kwargs)
+        out = fn()
+        ref = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
+                                             v.transpose(1, 2).float(), enable_gqa=True)
+        err = (out.float() - ref.transpose(1, 2)).abs().max().item()
+        ours = median_ms(fn)
+        nbytes = 2 * b * ctx * hk * d * 2
+        tbps = lambda ms: nbytes / (ms * 1e-3) / 1e12
+        row = dict(kind="decode", b=b, context=ctx, page_size=page, ours_us=ours * 1e3,
+                   ours_TBps=tbps(ours), max_err=err)
+        if not page:
+            flash = sdpa_ms(SDPBackend.FLASH_ATTENTION, q, k, v, False, gqa=True)
+            cudnn = sdpa_ms(SDPBackend.CUDNN_ATTENTION, q, k, v, False, gqa=True)
+            row.update(flash_us=flash * 1e3, flash_TBps=tbps(flash), cudnn_us=cudnn * 1e3,
+                       cudnn_TBps=tbps(cudnn))
+        rows.append(row)
+        del q, k, v, kc, vc
+    progress(len(points), len(points), "done")
+    print(file=sys.stderr)
+    return rows
+
+
+def print_table(rows):
+    if not rows:
+        return
+    if rows[0]["kind"] == "prefill":
+        print(f"{'d':>4} {'seqlen':>6} {'causal':>6} | {'ours':>7} {'flash':>7} {'cudnn':>7} | {'/flash':>6} {'/cudnn':>6}  TFLOP/s")
+        for r in rows:
+            print(f"{r['d']:>4} {r['s']:>6} {str(r['causal']):>6} | {r['ours']:7.1f} {r['flash']:7.1f} {r['cudnn']:7.1f} |"
+                  f" {r['ours'] / r['flash']:6.2f} {r['ours'] / r['cudnn']:6.2f}")
+    else:
+        print(f"{'batch':>5} {'ctx':>6} {'page':>4} | {'ours us':>8} {'TB/s':>5} | {'flash us':>8} {'TB/s':>5} | {'cudnn us':>8} {'TB/s':>5}")
+        for r in rows:
+            extra = (f" {r['flash_us']:8.1f} {r['flash_TBps']:5.2f} | {r['cudnn_us']:8.1f} {r['cudnn_TBps']:5.2f}"
+                     if "flash_us" in r else "")
+            print(f"{r['b']:>5} {r['context']:>6} {r['page_size']:>4} | {r['ours_us']:8.1f} {r['ours_TBps']:5.2f} |{extra}")
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if rows[0]["kind"] == "prefill":
+        combos = sorted({(r["d"], r["causal"]) for r in rows})
+        fig, axes = plt.subplots(1, len(combos), figsize=(4 * len(combos), 3.5), squeeze=False)
+        for ax, (d, causal) in zip(axes[0], combos):
+            sel = [r for r in rows if r["d"] == d and r["causal"] == causal]
+            xs = [r["s"] for r in sel]
+            for key in ("ours", "flash", "cudnn"):
+                ax.plot(xs, [r[key] for r in sel], marker="o", label=key)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"d={d} {'causal' if causal else 'non-causal'}")
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOP/s")
+        axes[0][0].legend()
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [f"b{r['b']}/{r['context'] // 1024}k/p{r['page_size']}" for r in rows]
+        ax.plot(labels, [r["ours_TBps"] for r in rows], marker="o", label="ours")
+        ax.plot(labels, [r.get("flash_TBps", math.nan) for r in rows], marker="o", label="flash")
+        ax.plot(labels, [r.get("cudnn_TBps", math.nan) for r in rows], marker="o", label="cudnn")
+        ax.set_ylabel("K+V TB/s")
+        ax.tick_params(axis="x", rotation=90, labelsize=6)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind", choices=["prefill", "decode"])
+    ap.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256])
+    ap.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128])
+    ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 16384, 65536])
+    ap.add_argument("--page-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 1])
+    ap.add_argument("--out", help="JSON file for the raw records")
+    ap.add_argument("--plot", help="PNG file")
+    args = ap.parse_args()
+    rows = bench_prefill(args) if args.kind == "prefill" else bench_decode(args)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                cudnn=torch.backends.cudnn.version(), rows=rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(meta, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

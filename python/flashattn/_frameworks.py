@@ -1,0 +1,198 @@
+"""Framework adapters: allocate outputs in the caller's framework, find its stream and device.
+
+A call is described by its first tensor (``q``). Outputs are created by the same framework as
+``q`` (``numpy.empty``, ``torch.empty``, ``cupy.empty``) on the same device, and the CUDA work
+is queued on that framework's current stream (torch: ``torch.cuda.current_stream()``; CuPy:
+``cupy.cuda.get_current_stream()``), so the call composes with the caller's stream ordering and
+can be captured in a CUDA graph.
+
+JAX arrays are immutable, so flashattn cannot write into a JAX buffer. For a JAX ``q`` the
+outputs are allocated by a helper framework (torch if importable, else CuPy, on the GPU; NumPy
+on the CPU), written there, and handed back to JAX with ``jax.dlpack.from_dlpack`` (zero copy
+where JAX accepts the buffer). JAX inputs are waited for (``block_until_ready``) first, since
+JAX gives no stream to order against.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from . import _C
+
+DL_CPU = 1
+DL_CUDA = 2
+# 256 bytes: the alignment forward_kvcache asks of a caller's workspace.
+WORKSPACE_ALIGNMENT = 256
+
+_FRAMEWORK_OF_MODULE = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax",
+                        "jaxlib": "jax"}
+
+
+def framework_of(x) -> str:
+    root = type(x).__module__.split(".")[0]
+    return _FRAMEWORK_OF_MODULE.get(root, "other")
+
+
+def dlpack_device(x):
+    """(device_type, device_id) per DLPack: 1 = CPU, 2 = CUDA."""
+    get = getattr(x, "__dlpack_device__", None)
+    if get is None:
+        return (DL_CPU, 0)
+    device_type, device_id = get()
+    return (int(device_type), int(device_id))
+
+
+def is_numpy_bfloat16(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return framework_of(x) == "numpy" and getattr(dtype, "name", "") == "bfloat16"
+
+
+def to_extension(x):
+    """What the extension receives for an argument: the array itself, None, or for a NumPy
+    ml_dtypes.bfloat16 array (which DLPack cannot export) its uint16 bits, tagged."""
+    if x is None:
+        return None
+    if is_numpy_bfloat16(x):
+        import numpy as np
+
+        return (_C.BF16_BITS_TAG, x.view(np.uint16))
+    if framework_of(x) == "jax":
+        x.block_until_ready()
+    return x
+
+
+class Context:
+    """Framework, device and stream of one call, taken from its first tensor."""
+
+    def __init__(self, like):
+        self.like = like
+        self.framework = framework_of(like)
+        self.device_type, self.device_id = dlpack_device(like)
+        self.on_cuda = self.device_type == DL_CUDA
+        # The framework that allocates: the caller's own, or a helper for JAX / unknown types.
+        self.allocator = self._pick_allocator()
+
+    def _pick_allocator(self) -> str:
+        if self.framework in ("numpy", "torch", "cupy"):
+            return self.framework
+        if not self.on_cuda:
+            return "numpy"
+        for helper in ("torch", "cupy"):
+            try:
+                __import__(helper)
+                return helper
+            except ImportError:
+                continue
+        raise TypeError(
+            f"q: {type(self.like).__module__}.{type(self.like).__name__} on CUDA needs torch or "
+            "cupy to allocate outputs (JAX arrays are immutable); install one of them or pass "
+            "out= as a torch/cupy tensor")
+
+    # ---- allocation ------------------------------------------------------------------------
+    def _dtype(self, dtype):
+        """dtype None: q's dtype; else a name ('float32', 'int32', 'uint8')."""
+        if self.allocator == "torch":
+            import torch
+
+            if dtype is not None:
+                return getattr(torch, dtype)
+            if self.framework == "torch":
+                return self.like.dtype
+            return getattr(torch, _dtype_name(self.like))
+        if self.allocator == "cupy":
+            import cupy
+
+            name = dtype if dtype is not None else _dtype_name(self.like)
+            if name == "bfloat16":
+                raise TypeError("q: bfloat16 outputs cannot be allocated with CuPy (no bfloat16 "
+                                "dtype); install torch or pass out=")
+            return cupy.dtype(name)
+        import numpy as np
+
+        if dtype is not None:
+            return np.dtype(dtype)
+        if self.framework == "numpy":
+            return self.like.dtype
+        name = _dtype_name(self.like)
+        if name == "bfloat16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(name)
+
+    def empty(self, shape, dtype=None):
+        shape = tuple(int(s) for s in shape)
+        dt = self._dtype(dtype)
+        if self.allocator == "torch":
+            import torch
+
+            device = (torch.device("cuda", self.device_id) if self.on_cuda
+                      else torch.device("cpu"))
+            return torch.empty(shape, dtype=dt, device=device)
+        if self.allocator == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                return cupy.empty(shape, dtype=dt)
+        import numpy as np
+
+        return np.empty(shape, dtype=dt)
+
+    def full(self, shape, value, dtype):
+        """An input array in the caller's framework (used for an int cache_seqlens)."""
+        if self.framework == "jax":
+            import jax.numpy as jnp
+
+            return jnp.full(shape, value, dtype=dtype)
+        buf = self.empty(shape, dtype)
+        buf[...] = value
+        return buf
+
+    def result(self, buf):
+        """An output buffer as the caller's framework sees it."""
+        if buf is None or self.framework != "jax":
+            return buf
+        import jax.dlpack
+
+        try:
+            return jax.dlpack.from_dlpack(buf)
+        except Exception:  # older JAX wants a capsule, or refuses the alignment: copy
+            import jax.numpy as jnp
+
+            if self.allocator == "numpy":
+                return jnp.asarray(buf)
+            raise
+
+    # ---- stream and device ------------------------------------------------------------------
+    def stream(self) -> int:
+        if not self.on_cuda:
+            return 0
+        if self.allocator == "torch":
+            import torch
+
+            return int(torch.cuda.current_stream(self.device_id).cuda_stream)
+        if self.allocator == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+
+    def device_guard(self):
+        if not self.on_cuda:
+            return contextlib.nullcontext()
+        if self.allocator == "torch":
+            import torch
+
+            return torch.cuda.device(self.device_id)
+        if self.allocator == "cupy":
+            import cupy
+
+            return cupy.cuda.Device(self.device_id)
+        return contextlib.nullcontext()
+
+
+def _dtype_name(x) -> str:
+    """'float16' / 'bfloat16' / 'float32' / 'int32' / ... of any array-like."""
+    dtype = x.dtype
+    name = getattr(dtype, "name", None) or str(dtype)
+    return name.replace("torch.", "")

@@ -1,0 +1,292 @@
+"""flash_attn (v2.8) compatible calls over the flashattn C++ library.
+
+Same function names, argument names, defaults and return conventions as ``flash_attn``'s
+``flash_attn_interface``, for the forward (inference) path, on any DLPack tensor. Differences:
+
+* ``dropout_p > 0`` raises NotImplementedError (no dropout; inference only).
+* ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``: the probabilities are never
+  materialised (flash_attn returns an empty tensor there when dropout_p == 0).
+* ``deterministic`` is accepted and has no effect (it concerns the backward pass; the forward
+  pass is deterministic).
+* Keyword-only extras: ``out=`` (write into a caller's tensor, returned as is), and for
+  ``flash_attn_with_kvcache`` ``workspace=`` (scratch from :func:`allocate_workspace`, so that a
+  call, e.g. one captured in a CUDA graph, allocates nothing); ``flash_attn_varlen_func`` also
+  takes ``seqused_k=`` and ``leftpad_k=``.
+* A row that sees no key has output 0 and LSE -inf (flash_attn writes +inf).
+
+Errors of the C++ library keep their message: ValueError (invalid argument), TypeError (dtype
+or tensor type), NotImplementedError (valid but not supported by this build), RuntimeError
+(backend failure).
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+from . import _C
+from ._frameworks import WORKSPACE_ALIGNMENT, Context, framework_of, to_extension
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+    "plan_kvcache",
+    "allocate_workspace",
+    "KVCachePlan",
+    "set_num_threads",
+    "get_num_threads",
+]
+
+KVCachePlan = namedtuple("KVCachePlan", ["num_splits", "pack_gqa", "workspace_bytes"])
+KVCachePlan.__doc__ = "What a flash_attn_with_kvcache call will do (see plan_kvcache)."
+
+_num_threads = 0
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the CPU backend (0 = all hardware threads, the default)."""
+    global _num_threads
+    if int(n) < 0:
+        raise ValueError(f"num_threads must be >= 0, got {n}")
+    _num_threads = int(n)
+
+
+def get_num_threads() -> int:
+    return _num_threads
+
+
+# ---- argument checks done here (the rest is validated by the C++ library) ----------------------
+
+def _check_dropout(dropout_p):
+    if dropout_p is None or float(dropout_p) != 0.0:
+        raise NotImplementedError(
+            f"dropout_p: must be 0.0, got {dropout_p}; flashattn implements the inference "
+            "forward pass (no dropout)")
+
+
+def _window(window_size):
+    try:
+        left, right = window_size
+        return int(left), int(right)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"window_size: must be a pair (left, right), -1 = unbounded; got {window_size!r}"
+        ) from None
+
+
+def _scale(softmax_scale):
+    return None if softmax_scale is None else float(softmax_scale)
+
+
+def _shape(x, name, ndims):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name}: expected a tensor, got {type(x).__name__}")
+    shape = tuple(int(s) for s in shape)
+    if len(shape) not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        raise ValueError(f"{name}: must have {want} dimensions, got shape {shape}")
+    return shape
+
+
+def _check_out(out):
+    if out is not None and framework_of(out) == "jax":
+        raise TypeError("out: JAX arrays are immutable; pass a NumPy/torch/CuPy tensor or None")
+
+
+def _output(ctx, out, shape):
+    _check_out(out)
+    return out if out is not None else ctx.empty(shape)
+
+
+def _x(x):
+    return to_extension(x)
+
+
+# ---- dense --------------------------------------------------------------------------------------
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, out=None):
+    """Attention over q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d).
+
+    With return_attn_probs=True returns (out, softmax_lse (b, h, sq) float32, None).
+    """
+    _check_dropout(dropout_p)
+    left, right = _window(window_size)
+    b, sq, h, _ = _shape(q, "q", (4,))
+    dv = _shape(v, "v", (4,))[-1]
+    ctx = Context(q)
+    out = _output(ctx, out, (b, sq, h, dv))
+    lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
+    with ctx.device_guard():
+        _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes),
+                   _scale(softmax_scale), bool(causal), left, right, float(softcap),
+                   ctx.stream(), _num_threads)
+    if return_attn_probs:
+        return ctx.result(out), ctx.result(lse), None
+    return ctx.result(out)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, *, out=None):
+    """qkv (b, s, 3, h, d): flash_attn_func on its three slices (views, no copy)."""
+    shape = _shape(qkv, "qkv", (5,))
+    if shape[2] != 3:
+        raise ValueError(f"qkv: dimension 2 must be 3 (q, k, v), got shape {shape}")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs, out=out)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, *, out=None):
+    """kv (b, sk, 2, hk, d): flash_attn_func(q, kv[:, :, 0], kv[:, :, 1])."""
+    shape = _shape(kv, "kv", (5,))
+    if shape[2] != 2:
+        raise ValueError(f"kv: dimension 2 must be 2 (k, v), got shape {shape}")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                           out=out)
+
+
+# ---- variable length ----------------------------------------------------------------------------
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           seqused_k=None, leftpad_k=None, out=None):
+    """Packed sequences: q (total_q, h, d), k/v (total_k, hk, d) by cu_seqlens_q/_k (b + 1,
+    int32), or with block_table (b, max_pages) a paged k/v (num_pages, page_size, hk, d).
+
+    Returns out (total_q, h, d); with return_attn_probs=True (out, softmax_lse (h, total_q), None).
+    """
+    _check_dropout(dropout_p)
+    left, right = _window(window_size)
+    total_q, h, _ = _shape(q, "q", (3,))
+    dv = _shape(v, "v", (3, 4))[-1]
+    ctx = Context(q)
+    out = _output(ctx, out, (total_q, h, dv))
+    lse = ctx.empty((h, total_q), "float32") if return_attn_probs else None
+    with ctx.device_guard():
+        _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
+                          int(max_seqlen_q), int(max_seqlen_k), _x(seqused_k), _x(leftpad_k),
+                          _x(block_table), _x(lse), _x(alibi_slopes), _scale(softmax_scale),
+                          bool(causal), left, right, float(softcap), ctx.stream(), _num_threads)
+    if return_attn_probs:
+        return ctx.result(out), ctx.result(lse), None
+    return ctx.result(out)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, out=None):
+    """qkv (total, 3, h, d) with one cu_seqlens for queries and keys."""
+    shape = _shape(qkv, "qkv", (4,))
+    if shape[1] != 3:
+        raise ValueError(f"qkv: dimension 1 must be 3 (q, k, v), got shape {shape}")
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+                                  max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, out=out)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, *, out=None):
+    """kv (total_k, 2, hk, d)."""
+    shape = _shape(kv, "kv", (4,))
+    if shape[1] != 2:
+        raise ValueError(f"kv: dimension 1 must be 2 (k, v), got shape {shape}")
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, out=out)
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+
+def _cache_seqlens(ctx, cache_seqlens, batch):
+    """flash_attn accepts an int: every sequence holds that many keys."""
+    if cache_seqlens is None or hasattr(cache_seqlens, "shape"):
+        return cache_seqlens
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+        raise TypeError("cache_seqlens: expected an int or an int32 tensor (b), got "
+                        f"{type(cache_seqlens).__name__}")
+    return ctx.full((batch,), cache_seqlens, "int32")
+
+
+def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                 rotary_interleaved=True, alibi_slopes=None, num_splits=0):
+    """What flash_attn_with_kvcache will do with these arguments (a host-side function of the
+    shapes and options; it reads no tensor data): KVCachePlan(num_splits, pack_gqa,
+    workspace_bytes). Allocate the workspace once with allocate_workspace(plan, like=q) and pass
+    it as workspace= so that the call allocates nothing (needed in CUDA graph capture)."""
+    left, right = _window(window_size)
+    b = _shape(q, "q", (4,))[0]
+    ctx = Context(q)
+    cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
+    num_splits, pack_gqa, workspace_bytes = _C.plan_kvcache(
+        _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
+        _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
+        _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right, float(softcap),
+        bool(rotary_interleaved), int(num_splits))
+    return KVCachePlan(num_splits, pack_gqa, workspace_bytes)
+
+
+def allocate_workspace(plan, like):
+    """A 256-byte aligned uint8 buffer of plan.workspace_bytes (or an int) on like's device,
+    allocated by like's framework (for JAX: the helper framework, since JAX arrays are
+    immutable)."""
+    nbytes = int(plan.workspace_bytes if isinstance(plan, KVCachePlan) else plan)
+    if nbytes < 0:
+        raise ValueError(f"workspace bytes must be >= 0, got {nbytes}")
+    ctx = Context(like)
+    raw = ctx.empty((nbytes + WORKSPACE_ALIGNMENT,), "uint8")
+    offset = -_C.data_ptr(raw) % WORKSPACE_ALIGNMENT
+    return raw[offset:offset + nbytes]
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, out=None, workspace=None):
+    """Decode/prefill against a KV cache (b_cache, max_sk, hk, d), or paged with block_table
+    (num_pages, page_size, hk, d; any page size). k/v (b, s_new, hk, d), when given, are written
+    into the cache at rows cache_seqlens[b]... (in place) before attending; rotary_cos/sin
+    (max_position, rotary_dim / 2) rotate q and the new keys.
+
+    Returns out (b, sq, h, d); with return_softmax_lse=True (out, softmax_lse (b, h, sq)).
+    workspace=: scratch of plan_kvcache(...).workspace_bytes from allocate_workspace; without it
+    the backend allocates its own per call.
+    """
+    left, right = _window(window_size)
+    b, sq, h, _ = _shape(q, "q", (4,))
+    dv = _shape(v_cache, "v_cache", (4,))[-1]
+    ctx = Context(q)
+    cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
+    out = _output(ctx, out, (b, sq, h, dv))
+    lse = ctx.empty((b, h, sq), "float32") if return_softmax_lse else None
+    with ctx.device_guard():
+        _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v),
+                           _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
+                           _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _x(lse),
+                           _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right,
+                           float(softcap), bool(rotary_interleaved), int(num_splits),
+                           workspace, ctx.stream(), _num_threads)
+    if return_softmax_lse:
+        return ctx.result(out), ctx.result(lse)
+    return ctx.result(out)

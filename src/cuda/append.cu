@@ -1,0 +1,200 @@
+// KV-cache append with rotary embedding (AppendParams, src/common/params.h):
+//   K: k_new (b, s_new, hk, d) -> cache row cache_seqlens[b] + t, rotated at that position
+//   V: v_new                   -> the same rows, copied
+//   Q: q (b, sq, h, d)         -> q_rot (contiguous), rotated at cache_seqlens[b] (+ i when
+//                                 rotary_q_per_row); only when rotary_dim > 0
+// Paged caches use any page size (the page of position p is block_table[b][p / page_size]).
+//
+// One thread handles one chunk of kVec consecutive elements of one row: a single vector load
+// and store. kVec is the widest of 8/4/2/1 that divides every stride, the head dim and the
+// rotary layout (so a chunk never straddles rotary_dim, and a GPT-NeoX chunk's partner chunk
+// starts kVec-aligned). Interleaved pairs lie inside a chunk; GPT-NeoX partners are one more
+// vector load. Rotation is computed in fp32 and rounded once to the storage type.
+#include <cutlass/numeric_types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/rules.h"
+#include "cuda/launch.h"
+
+namespace flashattn {
+namespace cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTasks = 3;  // blockIdx.y: 0 = K, 1 = V, 2 = Q
+constexpr int kMaxBlocksPerTask = 65535 * 4;  // grid-stride loop beyond this
+
+template <typename Element, int kVec>
+struct alignas(sizeof(Element) * kVec) Chunk {
+  Element v[kVec];
+};
+
+template <typename Element, int kVec>
+__device__ __forceinline__ Chunk<Element, kVec> load_chunk(const Element* src) {
+  return *reinterpret_cast<const Chunk<Element, kVec>*>(src);
+}
+template <typename Element, int kVec>
+__device__ __forceinline__ void store_chunk(Element* dst, const Chunk<Element, kVec>& c) {
+  *reinterpret_cast<Chunk<Element, kVec>*>(dst) = c;
+}
+
+// Copies (rotary_dim == 0 or col >= rotary_dim) or rotates one chunk of a row at `position`.
+template <typename Element, int kVec>
+__device__ void rotate_chunk(const AppendParams& p, const Element* src_row, Element* dst_row,
+                             int col, int position, bool rotate) {
+  Chunk<Element, kVec> x = load_chunk<Element, kVec>(src_row + col);
+  if (!rotate || col >= p.rotary_dim) {
+    store_chunk<Element, kVec>(dst_row + col, x);
+    return;
+  }
+  const Element* cos_row = static_cast<const Element*>(p.rotary_cos) + int64_t(position) * p.rotary_row_stride;
+  const Element* sin_row = static_cast<const Element*>(p.rotary_sin) + int64_t(position) * p.rotary_row_stride;
+  Chunk<Element, kVec> partner;
+  const bool pairs_in_chunk = p.rotary_interleaved && kVec >= 2;
+  if (!pairs_in_chunk) {
+    if (p.rotary_interleaved) {  // kVec == 1
+      partner.v[0] = src_row[rotary_pair(col, p.rotary_dim, true).partner];
+    } else {  // GPT-NeoX: the partner chunk starts at col +- rotary_dim / 2, kVec-aligned
+      partner = load_chunk<Element, kVec>(src_row + rotary_pair(col, p.rotary_dim, false).partner);
+    }
+  }
+  Chunk<Element, kVec> y;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const RotaryPair pair = rotary_pair(col + e, p.rotary_dim, p.rotary_interleaved);
+    const float other = pairs_in_chunk ? float(x.v[(e ^ 1) % kVec]) : float(partner.v[e]);
+    const float c = float(cos_row[pair.col]);
+    const float s = float(sin_row[pair.col]);
+    y.v[e] = Element(float(x.v[e]) * c + pair.sign * other * s);
+  }
+  store_chunk<Element, kVec>(dst_row + col, y);
+}
+
+// Element offset of cache row `pos` of batch b, KV head hk (leftpad 0; see params.h).
+__device__ __forceinline__ int64_t cache_offset(const AppendParams& p, int b, int pos,
+                                                int64_t batch_stride, int64_t row_stride,
+                                                int64_t head_stride, int hk) {
+  if (p.block_table) {
+    const int page = p.block_table[b * p.block_table_batch_stride + pos / p.page_size];
+    return int64_t(page) * batch_stride + int64_t(pos % p.page_size) * row_stride + hk * head_stride;
+  }
+  const int kv_batch = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+  return int64_t(kv_batch) * batch_stride + int64_t(pos) * row_stride + hk * head_stride;
+}
+
+__device__ __forceinline__ int cache_start(const AppendParams& p, int b) {
+  return p.cache_seqlens ? p.cache_seqlens[b] : 0;
+}
+
+template <typename Element, int kVec>
+__global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) {
+  const int task = blockIdx.y;
+  const int chunks = p.head_dim / kVec;
+  const bool rotate = p.rotary_dim > 0;
+  const int64_t kv_items = int64_t(p.batch) * p.seqlen_new * p.num_heads_k * chunks;
+  const int64_t q_items = rotate ? int64_t(p.batch) * p.seqlen_q * p.num_heads * chunks : 0;
+  const int64_t items = task == 2 ? q_items : kv_items;
+  const int64_t step = int64_t(gridDim.x) * kThreads;
+
+  for (int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
+    // item = ((b * rows + t) * heads + head) * chunks + chunk
+    const int col = int(item % chunks) * kVec;
+    int64_t rest = item / chunks;
+    if (task == 2) {
+      const int head = int(rest % p.num_heads);
+      rest /= p.num_heads;
+      const int i = int(rest % p.seqlen_q);
+      const int b = int(rest / p.seqlen_q);
+      const int position = cache_start(p, b) + (p.rotary_q_per_row ? i : 0);
+      const Element* src = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                           i * p.q_row_stride + head * p.q_head_stride;
+      Element* dst = static_cast<Element*>(p.q_rot) +
+                     ((int64_t(b) * p.seqlen_q + i) * p.num_heads + head) * p.head_dim;
+      rotate_chunk<Element, kVec>(p, src, dst, col, position, true);
+      continue;
+    }
+    const int hk = int(rest % p.num_heads_k);
+    rest /= p.num_heads_k;
+    const int t = int(rest % p.seqlen_new);
+    const int b = int(rest / p.seqlen_new);
+    const int position = cache_start(p, b) + t;
+    if (task == 0) {
+      const Element* src = static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride +
+                           t * p.kn_row_stride + hk * p.kn_head_stride;
+      Element* dst = static_cast<Element*>(p.k_cache) +
+                     cache_offset(p, b, position, p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride, hk);
+      rotate_chunk<Element, kVec>(p, src, dst, col, position, rotate);
+    } else {
+      const Element* src = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
+                           t * p.vn_row_stride + hk * p.vn_head_stride;
+      Element* dst = static_cast<Element*>(p.v_cache) +
+                     cache_offset(p, b, position, p.vc_batch_stride, p.vc_row_stride, p.vc_head_stride, hk);
+      rotate_chunk<Element, kVec>(p, src, dst, col, position, false);
+    }
+  }
+}
+
+bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+// Whether chunks of `vec` elements keep every load/store aligned and every rotary pair whole.
+bool fits_vector(const AppendParams& p, int vec, int element_bytes) {
+  if (p.head_dim % vec != 0) return false;
+  const int bytes = vec * element_bytes;
+  const bool has_new = p.seqlen_new > 0;
+  if (has_new) {
+    for (const void* ptr : {static_cast<const void*>(p.k_cache), static_cast<const void*>(p.v_cache), p.k_new, p.v_new})
+      if (!aligned(ptr, bytes)) return false;
+    for (int64_t stride : {p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride, p.vc_batch_stride, p.vc_row_stride,
+                           p.vc_head_stride, p.kn_batch_stride, p.kn_row_stride, p.kn_head_stride,
+                           p.vn_batch_stride, p.vn_row_stride, p.vn_head_stride})
+      if (stride % vec != 0) return false;
+  }
+  if (p.rotary_dim > 0) {
+    if (!aligned(p.q, bytes) || !aligned(p.q_rot, bytes)) return false;
+    for (int64_t stride : {p.q_batch_stride, p.q_row_stride, p.q_head_stride})
+      if (stride % vec != 0) return false;
+    if (p.rotary_interleaved ? (p.rotary_dim % vec != 0) : ((p.rotary_dim / 2) % vec != 0)) return false;
+  }
+  return true;
+}
+
+template <typename Element, int kVec>
+void launch_append(const AppendParams& p, cudaStream_t stream) {
+  const int64_t chunks = p.head_dim / kVec;
+  const int64_t kv_items = int64_t(p.batch) * p.seqlen_new * p.num_heads_k * chunks;
+  const int64_t q_items = p.rotary_dim > 0 ? int64_t(p.batch) * p.seqlen_q * p.num_heads * chunks : 0;
+  const int64_t items = kv_items > q_items ? kv_items : q_items;
+  if (items == 0) return;
+  int64_t blocks = (items + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocksPerTask) blocks = kMaxBlocksPerTask;
+  const dim3 grid(static_cast<unsigned>(blocks), kTasks);
+  append_kernel<Element, kVec><<<grid, kThreads, 0, stream>>>(p);
+  check_launch("append_kernel");
+}
+
+template <typename Element>
+void dispatch_vector(const AppendParams& p, cudaStream_t stream) {
+  constexpr int kBytes = sizeof(Element);
+  if (fits_vector(p, 8, kBytes)) return launch_append<Element, 8>(p, stream);  // 16-byte accesses
+  if (fits_vector(p, 4, kBytes)) return launch_append<Element, 4>(p, stream);
+  if (fits_vector(p, 2, kBytes)) return launch_append<Element, 2>(p, stream);
+  launch_append<Element, 1>(p, stream);
+}
+
+}  // namespace
+
+void run_append_kernel(const AppendParams& params, cudaStream_t stream) {
+  if (params.seqlen_new == 0 && params.rotary_dim == 0) return;
+  switch (params.dtype) {
+    case DType::bf16: dispatch_vector<cutlass::bfloat16_t>(params, stream); break;
+    case DType::f16: dispatch_vector<cutlass::half_t>(params, stream); break;
+    default:
+      throw Error(Error::Kind::unsupported, "CUDA append: cache dtype must be fp16 or bf16");
+  }
+}
+
+}  // namespace cuda
+}  // namespace flashattn

@@ -1,0 +1,490 @@
+// The forward attention kernel (FlashAttention-2 mainloop, SM80 mma.sync through CuTe).
+//
+// A CTA owns kBlockM rows of one (batch, head) — with pack_gqa of one (batch, KV head), row r
+// standing for (query r / g, head hk*g + r % g) — and one split of the visible key tiles.
+// Q, K and V rows are gathered row by row through rules.h (varlen, paged KV with any page size,
+// cache_batch_idx, leftpad, arbitrary strides and packed GQA are one code path): each thread
+// issues 16-byte cp.async copies for (row, chunk) pairs into CuTe's swizzled smem layout.
+//
+// Per key tile n (walked from the last visible tile down):
+//   wait K[n]; issue V[n]  |  S = Q K^T  |  score transform, ALiBi, mask (edge tiles only)
+//   wait V[n]; issue K[n-1]  |  online softmax (exp2)  |  O += P V
+// so V[n] streams in under Q K^T and K[n-1] under the softmax and P V (FA2's pipeline).
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+#include "common/params.h"
+#include "common/rules.h"
+#include "cuda/kernel_traits.h"
+
+namespace flashattn {
+namespace cuda {
+namespace fwd {
+
+using namespace cute;
+using cute::Tensor;  // not flashattn::Tensor (the public view)
+
+// ---- small device helpers ------------------------------------------------------------------
+
+// 16-byte global->shared async copy; src_bytes 0 zero-fills the destination without reading.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Accumulator layout ((2,2), MMA_M, MMA_N) viewed as (rows = (2, MMA_M), cols = (2, MMA_N)).
+template <class Layout>
+__device__ __forceinline__ auto acc_to_rowcol(Layout acc) {
+  auto l = logical_divide(acc, Shape<_2>{});  // ((2, 2), MMA_M, MMA_N)
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+}
+
+// Accumulator layout ((2,2), MMA_M, MMA_N) viewed as the A operand of an m16n8k16 MMA:
+// ((2,2,2), MMA_M, MMA_N / 2) — two adjacent n8 C tiles form one k16 A tile.
+template <class Layout>
+__device__ __forceinline__ auto acc_to_a_operand(Layout acc) {
+  auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // ((2,2), MMA_M, (2, MMA_N/2))
+  return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+}
+
+template <typename To, class Engine, class Layout>
+__device__ __forceinline__ auto convert_fragment(const Tensor<Engine, Layout>& src) {
+  Tensor dst = make_tensor<To>(src.layout());
+  CUTE_UNROLL
+  for (int e = 0; e < size(src); ++e) dst(e) = static_cast<To>(src(e));
+  return dst;
+}
+
+template <class T>
+__device__ __forceinline__ T quad_allreduce_max(T x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+template <class T>
+__device__ __forceinline__ T quad_allreduce_sum(T x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// acc += A(smem) * B(smem), ldmatrix of k-step i+1 overlapping the MMA of step i.
+template <class Acc, class RA, class RB, class SA, class SB, class TiledMma, class CopyA,
+          class CopyB, class ThrCopyA, class ThrCopyB>
+__device__ __forceinline__ void gemm_ss(Acc& acc, RA& tCrA, RB& tCrB, const SA& tCsA,
+                                        const SB& tCsB, TiledMma tiled_mma, CopyA copy_a,
+                                        CopyB copy_b, ThrCopyA thr_copy_a, ThrCopyB thr_copy_b) {
+  Tensor tCrA_view = thr_copy_a.retile_D(tCrA);
+  Tensor tCrB_view = thr_copy_b.retile_D(tCrB);
+  copy(copy_a, tCsA(_, _, _0{}), tCrA_view(_, _, _0{}));
+  copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    if (k < size<2>(tCrA) - 1) {
+      copy(copy_a, tCsA(_, _, k + 1), tCrA_view(_, _, k + 1));
+      copy(copy_b, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1));
+    }
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+  }
+}
+
+// acc += A(registers) * B(smem).
+template <class Acc, class RA, class RB, class SB, class TiledMma, class CopyB, class ThrCopyB>
+__device__ __forceinline__ void gemm_rs(Acc& acc, const RA& tCrA, RB& tCrB, const SB& tCsB,
+                                        TiledMma tiled_mma, CopyB copy_b, ThrCopyB thr_copy_b) {
+  Tensor tCrB_view = thr_copy_b.retile_D(tCrB);
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    copy(copy_b, tCsB(_, _, k), tCrB_view(_, _, k));
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+  }
+}
+
+// ---- per-CTA geometry ----------------------------------------------------------------------
+
+struct CtaInfo {
+  int b;           // batch
+  int head;        // query head (unpacked) or KV head (pack_gqa)
+  int hk;          // KV head
+  int g;           // rows per query (h / hk with pack_gqa, else 1)
+  int m0;          // first tile row
+  int rows;        // tile rows of this sequence: seqlen_q * g
+  SeqInfo seq;
+};
+
+// Query index and head of tile row r (absolute row within the sequence's packed rows).
+__device__ __forceinline__ PackedRow tile_row_query(const AttnParams& p, const CtaInfo& c, int r) {
+  if (p.pack_gqa) return unpack_row(p, r, c.hk);
+  return PackedRow{r, c.head};
+}
+
+// ---- row addressing ------------------------------------------------------------------------
+//
+// The element offset of every row a CTA touches is computed once, by one thread per row, through
+// rules.h (q_offset, o_offset, kv_row_offset: one page-table lookup and division per row), and
+// kept in a small smem table; the copy loops then only add a column. This keeps the per-row
+// rules (paging, varlen, leftpad, packed GQA) out of the register-hungry mainloop.
+constexpr int64_t kNoRow = -1;  // row outside the sequence: zero-filled / not stored
+
+struct KvRowOffsets {
+  int64_t k, v;
+};
+
+template <class Traits>
+__device__ __forceinline__ void compute_q_o_offsets(const AttnParams& p, const CtaInfo& c,
+                                                    int64_t* q_off, int64_t* o_off, int tid) {
+  for (int r = tid; r < Traits::kBlockM; r += Traits::kNThreads) {
+    const int row = c.m0 + r;
+    if (row < c.rows) {
+      const PackedRow pr = tile_row_query(p, c, row);
+      q_off[r] = q_offset(p, c.seq, c.b, pr.query, pr.head);
+      o_off[r] = o_offset(p, c.seq, c.b, pr.query, pr.head);
+    } else {
+      q_off[r] = kNoRow;
+      o_off[r] = kNoRow;
+    }
+  }
+}
+
+// Offsets of the K and V rows of key tile n (keys [n*kBlockN, n*kBlockN + kBlockN)).
+template <class Traits>
+__device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const CtaInfo& c, int n,
+                                                   KvRowOffsets* kv_off, int tid) {
+  for (int r = tid; r < Traits::kBlockN; r += Traits::kNThreads) {
+    const int j = n * Traits::kBlockN + r;
+    KvRowOffsets off{kNoRow, kNoRow};
+    if (j < c.seq.seqlen_k) {
+      off.k = kv_row_offset(p, c.seq, c.b, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, c.hk);
+      off.v = kv_row_offset(p, c.seq, c.b, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, c.hk);
+    }
+    kv_off[r] = off;
+  }
+}
+
+// ---- loads, one (row, 16-byte chunk) pair per cp.async --------------------------------------
+
+// Fills the smem tile sX (kRows x kHeadDim) from base + row_off(r) + column; zero-fills rows
+// whose offset is kNoRow and columns >= head_dim.
+template <class Traits, int kRows, class SmemTensor, class RowOff>
+__device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
+                                          int head_dim, int tid, RowOff row_off) {
+  constexpr int kChunks = Traits::kChunksPerRow;
+  constexpr int kIters = kRows * kChunks / Traits::kNThreads;
+  CUTE_UNROLL
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = tid + it * Traits::kNThreads;
+    const int r = idx / kChunks;
+    const int col = (idx % kChunks) * Traits::kElemsPerChunk;
+    const int64_t off = row_off(r);
+    const bool valid = off != kNoRow && col < head_dim;
+    cp_async_16(&sX(r, col), valid ? base + off + col : base, valid);
+  }
+}
+
+template <class Traits, class SmemTensor>
+__device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off, SmemTensor& sQ,
+                                       int tid) {
+  load_tile<Traits, Traits::kBlockM>(sQ, static_cast<const typename Traits::Element*>(p.q),
+                                     p.head_dim, tid, [&](int r) { return q_off[r]; });
+}
+
+template <class Traits, class SmemTensor>
+__device__ __forceinline__ void load_k(const AttnParams& p, const KvRowOffsets* kv_off,
+                                       SmemTensor& sK, int tid) {
+  load_tile<Traits, Traits::kBlockN>(sK, static_cast<const typename Traits::Element*>(p.k),
+                                     p.head_dim, tid, [&](int r) { return kv_off[r].k; });
+}
+
+template <class Traits, class SmemTensor>
+__device__ __forceinline__ void load_v(const AttnParams& p, const KvRowOffsets* kv_off,
+                                       SmemTensor& sV, int tid) {
+  load_tile<Traits, Traits::kBlockN>(sV, static_cast<const typename Traits::Element*>(p.v),
+                                     p.head_dim, tid, [&](int r) { return kv_off[r].v; });
+}
+
+// ---- the kernel ----------------------------------------------------------------------------
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ AttnParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+
+  // ---- geometry: which rows, which sequence, which split
+  CtaInfo c;
+  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  c.b = blockIdx.z / heads;
+  c.head = blockIdx.z % heads;
+  c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
+  c.hk = p.pack_gqa ? c.head : c.head / heads_per_kv_head(p);
+  c.seq = seq_info(p, c.b);
+  c.rows = c.seq.seqlen_q * c.g;
+  // Heavy (late, causal) query tiles first: better tail balance.
+  c.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  if (c.m0 >= c.rows) return;  // varlen: this sequence is shorter than max_seqlen_q
+  const int split = blockIdx.y;
+
+  const int q_first = tile_row_query(p, c, c.m0).query;
+  const int q_last = tile_row_query(p, c, min(c.m0 + kBlockM, c.rows) - 1).query;
+  const KeyRange keys = visible_keys_of_rows(p, q_first, q_last + 1, c.seq.seqlen_q, c.seq.seqlen_k);
+  int tile_lo = keys.lo / kBlockN;
+  int tile_hi = keys.hi > keys.lo ? (keys.hi + kBlockN - 1) / kBlockN : tile_lo;
+  if (p.num_splits > 1) {
+    const KeyRange t = split_tiles(split, p.num_splits, tile_lo, tile_hi);
+    tile_lo = t.lo;
+    tile_hi = t.hi;
+  }
+  // Tiles entirely inside every row's visible range need no element mask:
+  // n*kBlockN >= max row lo (last row) and n*kBlockN + kBlockN <= min row hi (first row).
+  const int mask_free_lo = visible_keys(p, q_last, c.seq.seqlen_q, c.seq.seqlen_k).lo;
+  const int mask_free_hi = visible_keys(p, q_first, c.seq.seqlen_q, c.seq.seqlen_k).hi;
+
+  // ---- shared memory tensors
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
+                          typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN)
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+
+  // Row offset tables (after sV): Q and O rows of this CTA, K/V rows of two key tiles.
+  int64_t* q_off = reinterpret_cast<int64_t*>(smem + Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes);
+  int64_t* o_off = q_off + kBlockM;
+  KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [2][kBlockN]
+  auto kv_off = [&](int n) { return kv_off_buf + (n & 1) * kBlockN; };
+
+  // ---- start the loads: Q and the first (highest) K tile
+  compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
+  if (tile_hi > tile_lo) compute_kv_offsets<Traits>(p, c, tile_hi - 1, kv_off(tile_hi - 1), tid);
+  __syncthreads();
+  if (tile_hi > tile_lo) {
+    load_q<Traits>(p, q_off, sQ, tid);
+    load_k<Traits>(p, kv_off(tile_hi - 1), sK, tid);
+    cp_async_commit();
+  }
+
+  // ---- MMA partitions
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);            // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);            // (MMA, MMA_N, MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);  // (MMA, MMA_K=d/8, MMA_N)
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_K)
+  clear(acc_o);
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_copy_k.partition_S(sK);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_copy_v.partition_S(sVt);
+
+  // ---- this thread's rows: visible key range, ALiBi slope, softmax state
+  // Coordinates (row, col) within the S tile of each accumulator element.
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_mma.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+
+  // Scores are kept "raw": x = q·k (or tanh(q·k·scale/softcap) with softcap) so that the
+  // logit is x * raw_scale and exp(logit - max) = exp2(x * scale_log2 - max * scale_log2).
+  const bool has_softcap = p.softcap > 0.0f;
+  const float raw_scale = has_softcap ? p.softcap : p.softmax_scale;
+  const float scale_log2 = raw_scale * kLog2e;
+  const float softcap_in_scale = has_softcap ? p.softmax_scale / p.softcap : 0.0f;
+  const bool has_alibi = p.alibi_slopes != nullptr;
+
+  // Per row only the query index is kept (registers are the scarce resource at d = 128): the
+  // visible range and the ALiBi slope are re-derived from it on the tiles that need them.
+  int row_query[kRows];
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_query[i] = tile_row_query(p, c, c.m0 + get<0>(tScS_rc(i, 0))).query;
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.0f;
+  }
+
+  // ---- mainloop over key tiles, last first
+  for (int n = tile_hi - 1; n >= tile_lo; --n) {
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    cp_async_wait<0>();
+    __syncthreads();  // K[n] landed; every warp is done with V[n+1]
+    load_v<Traits>(p, kv_off(n), sV, tid);
+    cp_async_commit();
+    // Offsets of tile n-1 into the other table (its last reader, V[n+1], was issued before the
+    // barrier above); they are read after the next barrier.
+    if (n > tile_lo) compute_kv_offsets<Traits>(p, c, n - 1, kv_off(n - 1), tid);
+
+    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k, smem_thr_copy_q,
+            smem_thr_copy_k);
+
+    // score transform, ALiBi, mask
+    Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, kCols)
+    const int j0 = n * kBlockN;
+    if (has_softcap) {
+      CUTE_UNROLL
+      for (int e = 0; e < size(s); ++e) s(e) = tanhf(s(e) * softcap_in_scale);
+    }
+    if (has_alibi) {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const int diag = row_query[i] + c.seq.seqlen_k - c.seq.seqlen_q;
+        const PackedRow pr = tile_row_query(p, c, c.m0 + get<0>(tScS_rc(i, 0)));
+        const float slope = alibi_slope(p, c.b, pr.head) / raw_scale;  // raw score units
+        CUTE_UNROLL
+        for (int jj = 0; jj < kCols; ++jj) {
+          const int dist = diag - (j0 + get<1>(tScS_rc(i, jj)));
+          s(i, jj) -= slope * float(dist < 0 ? -dist : dist);
+        }
+      }
+    }
+    const bool need_mask = !(j0 >= mask_free_lo && j0 + kBlockN <= mask_free_hi);
+    if (need_mask) {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const KeyRange kr = visible_keys(p, row_query[i], c.seq.seqlen_q, c.seq.seqlen_k);
+        CUTE_UNROLL
+        for (int jj = 0; jj < kCols; ++jj) {
+          const int j = j0 + get<1>(tScS_rc(i, jj));
+          if (j < kr.lo || j >= kr.hi) s(i, jj) = -INFINITY;
+        }
+      }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V[n] landed; every warp is done with K[n]
+    if (n > tile_lo) {
+      load_k<Traits>(p, kv_off(n - 1), sK, tid);
+      cp_async_commit();
+    }
+
+    // online softmax: new running max, rescale O and the sum, P = exp2(...)
+    Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, d cols)
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float m = row_max[i];
+      CUTE_UNROLL
+      for (int jj = 0; jj < kCols; ++jj) m = fmaxf(m, s(i, jj));
+      m = quad_allreduce_max(m);
+      // A row that has seen no key yet keeps max -inf; use 0 as its offset to avoid inf - inf.
+      const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
+      const float correction = exp2f(row_max[i] * scale_log2 - m_scaled);
+      row_max[i] = m;
+      row_sum[i] *= correction;
+      CUTE_UNROLL
+      for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= correction;
+      float sum = 0.0f;
+      CUTE_UNROLL
+      for (int jj = 0; jj < kCols; ++jj) {
+        s(i, jj) = exp2f(s(i, jj) * scale_log2 - m_scaled);
+        sum += s(i, jj);
+      }
+      row_sum[i] += sum;  // thread-local partial; reduced across the quad at the end
+    }
+
+    // O += P V
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));  // ((2,2,2), MMA_M, kBlockN/16)
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
+  }
+
+  // ---- epilogue: normalise, LSE, store
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with sQ/sK/sV; sQ becomes the O staging buffer
+
+  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
+  float row_lse[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = quad_allreduce_sum(row_sum[i]);
+    // A row with no visible key (or an empty split) writes 0 and LSE -inf.
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    row_lse[i] = sum > 0.0f ? row_max[i] * raw_scale + logf(sum) : -INFINITY;
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= inv;
+  }
+
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tOcO = thr_mma.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
+  const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad writes LSE
+
+  if (p.num_splits > 1) {
+    // fp32 partials of this split, straight from registers (2 adjacent columns per store).
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int r = c.m0 + get<0>(tOcO_rc(i, 0));
+      if (r >= c.rows) continue;
+      const PackedRow pr = tile_row_query(p, c, r);
+      const int64_t row = accum_row(p, split, c.b, pr.head, pr.query);
+      float* o_row = p.o_accum + row * p.head_dim;
+      CUTE_UNROLL
+      for (int d = 0; d < size<1>(o_rc); d += 2) {
+        const int col = get<1>(tOcO_rc(i, d));
+        if (col < p.head_dim) {
+          *reinterpret_cast<float2*>(o_row + col) = make_float2(o_rc(i, d), o_rc(i, d + 1));
+        }
+      }
+      if (owns_row_lse) p.lse_accum[row] = row_lse[i];
+    }
+    return;
+  }
+
+  if (p.lse != nullptr && owns_row_lse) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int r = c.m0 + get<0>(tOcO_rc(i, 0));
+      if (r >= c.rows) continue;
+      const PackedRow pr = tile_row_query(p, c, r);
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = row_lse[i];
+    }
+  }
+
+  // O: registers -> swizzled smem (Element) -> 16-byte coalesced stores per row.
+  Tensor rO = convert_fragment<Element>(acc_o);
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});  // (kBlockM, kHeadDim)
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(tid);
+  Tensor taccOrO = smem_thr_copy_o.retile_S(rO);
+  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+  copy(smem_copy_o, taccOrO, taccOsO);
+  __syncthreads();
+
+  Element* o = static_cast<Element*>(p.o);
+  constexpr int kChunks = Traits::kChunksPerRow;
+  constexpr int kIters = kBlockM * kChunks / Traits::kNThreads;
+  CUTE_UNROLL
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = tid + it * Traits::kNThreads;
+    const int r = idx / kChunks;
+    const int col = (idx % kChunks) * Traits::kElemsPerChunk;
+    const int64_t off = o_off[r];
+    if (off != kNoRow && col < p.head_dim) {
+      *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&sO(r, col));
+    }
+  }
+}
+
+}  // namespace fwd
+}  // namespace cuda
+}  // namespace flashattn

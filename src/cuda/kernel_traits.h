@@ -1,0 +1,104 @@
+// Compile-time configuration of the forward attention kernel: one traits struct per
+// (Element, kHeadDim), holding the tile shape, the thread count, the CuTe shared-memory layouts,
+// the tiled MMA and the shared-memory copy atoms. Everything else is a run-time parameter.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+namespace flashattn {
+namespace cuda {
+
+// ---- tile shape per head dim ---------------------------------------------------------------
+//
+// FlashAttention-2's Hopper (non-sm8x) choices for its SM80 mainloop. kBlockN must equal
+// rules.h splitkv_block_n(head_dim) for every head dim this instance serves, since the split-KV
+// path cuts at kBlockN-row tiles exactly as the CPU backend does.
+template <int kHeadDim>
+struct FwdTileConfig;
+
+// d <= 64: the 128x128 S tile keeps 4 warps busy with little per-tile overhead.
+template <> struct FwdTileConfig<32> { static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4; };
+template <> struct FwdTileConfig<64> { static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4; };
+// d = 96, 128: 128x64 with 4 warps: 64 KB (d=128) of smem, <= 255 registers, 2 CTAs per SM.
+template <> struct FwdTileConfig<96> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
+template <> struct FwdTileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
+// d = 192, 256: 8 warps so the O accumulator (kBlockM x d fp32) fits in registers; 96 / 128 KB smem.
+template <> struct FwdTileConfig<192> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
+template <> struct FwdTileConfig<256> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
+
+template <typename Element>
+struct MmaAtomFor;
+template <>
+struct MmaAtomFor<cutlass::half_t> {
+  using type = cute::SM80_16x8x16_F32F16F16F32_TN;
+};
+template <>
+struct MmaAtomFor<cutlass::bfloat16_t> {
+  using type = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+};
+
+template <typename Element_, int kHeadDim_>
+struct FwdTraits {
+  using Element = Element_;
+  using ElementAccum = float;
+  using index_t = int64_t;
+
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = FwdTileConfig<kHeadDim>::kBlockM;  // query rows per CTA
+  static constexpr int kBlockN = FwdTileConfig<kHeadDim>::kBlockN;  // key rows per K/V tile
+  static constexpr int kNWarps = FwdTileConfig<kHeadDim>::kNWarps;
+  static constexpr int kNThreads = kNWarps * 32;
+
+  // One cp.async moves 16 bytes = 8 elements ("a chunk") of one row.
+  static constexpr int kChunkBytes = 16;
+  static constexpr int kElemsPerChunk = kChunkBytes / int(sizeof(Element));
+  static constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;
+
+  static_assert(kHeadDim % 32 == 0, "head dim instances are multiples of 32");
+  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA slabs");
+  static_assert(kBlockN % 16 == 0, "K/V tiles are whole MMA K steps");
+  static_assert((kBlockM * kChunksPerRow) % kNThreads == 0, "Q/O tile chunks split evenly");
+  static_assert((kBlockN * kChunksPerRow) % kNThreads == 0, "K/V tile chunks split evenly");
+
+  // ---- MMA: kNWarps warps stacked along M, each a 16-row slab; N/K tiled by 16 so that
+  // ldmatrix.x4 feeds whole 16x16 B fragments.
+  using TiledMma = cute::TiledMMA<cute::MMA_Atom<typename MmaAtomFor<Element>::type>,
+                                  cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
+
+  // ---- shared memory: rows of 64 (or 32) elements swizzled in 8-row atoms so that both the
+  // 16-byte cp.async writes and the ldmatrix reads are bank-conflict free.
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kBlockKSmem == 32 ? 2 : 3;
+  using SmemLayoutAtom = decltype(cute::composition(
+      cute::Swizzle<kSwizzleBits, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kBlockKSmem>>,
+                   cute::Stride<cute::Int<kBlockKSmem>, cute::_1>>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as (d, n) for the P·V product (B operand, K-major = n).
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::GenRowMajor{})));
+  using SmemLayoutVtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutVt{}));
+  using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's buffer
+
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomO = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+
+  static constexpr int kSmemQBytes = int(cute::cosize_v<SmemLayoutQ>) * int(sizeof(Element));
+  static constexpr int kSmemKVBytes = int(cute::cosize_v<SmemLayoutKV>) * int(sizeof(Element));
+  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs for two key tiles.
+  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * 2 * kBlockN) * int(sizeof(int64_t));
+  // Q, K, V (one buffer each), then the row offset tables.
+  static constexpr int kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes + kSmemRowOffsetBytes;
+  static constexpr int kDefaultSmemLimit = 48 * 1024;
+  static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
+};
+
+}  // namespace cuda
+}  // namespace flashattn

@@ -1,0 +1,443 @@
+// The case lists of the sweeps. Sizes are awkward on purpose (seqlens 1, 3, 17, 113, 339, 799,
+// a few 4097; sq > sk; head dims that are not powers of two; GQA ratios 1, 2, 7; zero-length
+// sequences). The CPU lists add fp32 and an odd head dim; both lists stay small enough for the
+// float64 oracle: the whole CPU suite runs in a few minutes on 2 cores.
+#include <cstdlib>
+
+#include "sweeps.h"
+
+namespace fa_test {
+
+namespace {
+
+Features causal() {
+  Features f;
+  f.causal = true;
+  return f;
+}
+Features window(int left, int right) {
+  Features f;
+  f.window_left = left;
+  f.window_right = right;
+  return f;
+}
+Features causal_window(int left) {
+  Features f = causal();
+  f.window_left = left;
+  return f;
+}
+Features with_alibi(Features f, Alibi a) {
+  f.alibi = a;
+  return f;
+}
+Features with_softcap(Features f, float cap) {
+  f.softcap = cap;
+  return f;
+}
+
+// Head dims of the sweeps: multiples of 8 everywhere, plus an odd one on the CPU.
+std::vector<int> head_dims(Device device) {
+  std::vector<int> dims = {32, 40, 64, 72, 96, 128, 160, 192, 256};
+  if (device == Device::cpu) dims.insert(dims.begin() + 2, 59);
+  return dims;
+}
+
+std::vector<DType> dtypes(Device device) {
+  if (device == Device::cpu) return {DType::bf16, DType::f16, DType::f32};
+  return {DType::bf16, DType::f16};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+std::vector<DenseCase> dense_cases(Device device) {
+  std::vector<DenseCase> v;
+  auto add = [&](DType dt, int b, int sq, int sk, int h, int hk, int d, Features f,
+                 Layout layout = Layout::contiguous) {
+    DenseCase c;
+    c.device = device;
+    c.dtype = dt;
+    c.b = b, c.sq = sq, c.sk = sk, c.h = h, c.hk = hk, c.d = d;
+    c.f = f;
+    c.layout = layout;
+    v.push_back(c);
+  };
+  // every head dim in both 16-bit types, one of them causal
+  for (int d : head_dims(device)) {
+    add(DType::bf16, 2, 113, 339, 4, 2, d, Features{});
+    add(DType::f16, 2, 113, 339, 4, 2, d, causal());
+  }
+  // sequence-length pairs (sq > sk included) x masks
+  const std::vector<std::pair<int, int>> lengths = {{1, 1},     {1, 339},  {3, 17},   {17, 3},
+                                                    {113, 113}, {113, 799}, {799, 113}, {339, 799}};
+  const std::vector<Features> masks = {Features{}, causal(),      window(32, 0),
+                                       window(-1, 5), window(7, 9), window(0, 0), causal_window(16)};
+  int round = 0;
+  for (const auto& [sq, sk] : lengths) {
+    for (const Features& f : masks) {
+      const DType dt = (round++ % 2) ? DType::f16 : DType::bf16;
+      add(dt, sq * sk > 50000 ? 1 : 2, sq, sk, 2, 1, 64, f);
+    }
+  }
+  // GQA / MQA ratios 1, 2, 7
+  for (auto [h, hk] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 2}, {7, 1}, {14, 2}}) {
+    add(DType::f16, 2, 17, 113, h, hk, 128, causal());
+    add(DType::bf16, 1, 113, 17, h, hk, 96, window(8, 3));
+  }
+  // ALiBi (h) and (b, h), with and without masks
+  for (Alibi a : {Alibi::per_head, Alibi::per_batch_head}) {
+    add(DType::bf16, 2, 113, 339, 4, 2, 64, with_alibi(Features{}, a));
+    add(DType::f16, 2, 339, 113, 4, 2, 128, with_alibi(causal(), a));
+    add(DType::bf16, 2, 17, 339, 7, 1, 64, with_alibi(window(64, 0), a));
+  }
+  // softcap, alone and with the other score terms
+  add(DType::bf16, 2, 113, 339, 2, 1, 64, with_softcap(Features{}, 30.0f));
+  add(DType::f16, 2, 113, 113, 2, 1, 128, with_softcap(causal(), 5.0f));
+  add(DType::bf16, 2, 17, 339, 4, 2, 64, with_softcap(with_alibi(window(40, 0), Alibi::per_batch_head), 10.0f));
+  // scale, no lse
+  {
+    Features f = causal();
+    f.scale = 0.5f;
+    add(DType::bf16, 2, 113, 113, 2, 2, 64, f);
+    Features g;
+    g.lse = false;
+    add(DType::f16, 2, 17, 113, 2, 2, 64, g);
+  }
+  // non-contiguous strides: padded views, q/k/v slices of a packed qkv buffer
+  for (DType dt : dtypes(device)) {
+    add(dt, 2, 113, 339, 4, 2, 64, causal(), Layout::padded);
+    add(dt, 2, 113, 113, 4, 2, 128, Features{}, Layout::qkv_packed);
+    add(dt, 2, 17, 17, 7, 1, 96, causal(), Layout::qkv_packed);
+  }
+  // fp32 (CPU only), odd head dims included
+  if (device == Device::cpu) {
+    for (int d : {32, 59, 128, 256}) add(DType::f32, 2, 113, 339, 4, 2, d, causal());
+    add(DType::f32, 1, 339, 113, 7, 1, 64, with_softcap(with_alibi(window(16, 4), Alibi::per_head), 20.0f));
+  }
+  // empty problems: no keys (every row: out 0, lse -inf); no queries
+  add(DType::bf16, 2, 3, 0, 2, 1, 64, Features{});
+  add(DType::bf16, 2, 0, 17, 2, 1, 64, causal());
+  // a few long sequences with small batch and heads
+  add(DType::bf16, 1, 4097, 4097, 1, 1, 64, causal());
+  add(DType::f16, 2, 1, 4097, 4, 1, 128, Features{});
+  add(DType::bf16, 1, 4097, 17, 2, 1, 32, window(8, 8));
+  add(DType::f16, 1, 17, 4097, 2, 2, 256, with_alibi(Features{}, Alibi::per_head));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::vector<VarlenCase> varlen_cases(Device device) {
+  std::vector<VarlenCase> v;
+  const std::vector<std::pair<std::vector<int>, std::vector<int>>> sets = {
+      {{1, 3, 17, 113, 0, 339}, {1, 17, 113, 3, 5, 339}},  // mixed, sq > sk, an empty query set
+      {{1, 1, 1, 1, 1}, {799, 0, 17, 256, 1}},             // decode-like, an empty key set
+      {{113, 17, 339}, {113, 339, 339}},                    // prefill
+      {{0, 5, 3}, {4, 0, 9}},                               // tiny, zero lengths on both sides
+  };
+  const std::vector<Features> features = {Features{},
+                                          causal(),
+                                          window(16, 0),
+                                          with_alibi(causal(), Alibi::per_batch_head),
+                                          with_softcap(window(-1, 3), 15.0f),
+                                          with_alibi(Features{}, Alibi::per_head),
+                                          causal_window(5)};
+  const std::vector<std::pair<int, int>> heads = {{4, 1}, {2, 2}, {7, 1}, {4, 2}};
+  const std::vector<int> dims = {64, 128, 40, 96, 256};
+  int i = 0;
+  for (const auto& [sq, sk] : sets) {
+    for (int page : {0, 1, 16, 256}) {
+      for (bool trimmed : {false, true}) {
+        VarlenCase c;
+        c.device = device;
+        c.dtype = (i % 2) ? DType::f16 : DType::bf16;
+        c.seqlens_q = sq;
+        c.seqlens_k = sk;
+        c.h = heads[size_t(i) % heads.size()].first;
+        c.hk = heads[size_t(i) % heads.size()].second;
+        c.d = dims[size_t(i) % dims.size()];
+        c.f = features[size_t(i) % features.size()];
+        c.seqused_k = trimmed;
+        c.leftpad_k = trimmed && (i % 3 != 0);
+        c.page_size = page;
+        v.push_back(c);
+        ++i;
+      }
+    }
+  }
+  if (device == Device::cpu) {
+    VarlenCase c;
+    c.device = device;
+    c.dtype = DType::f32;
+    c.seqlens_q = {17, 1, 113};
+    c.seqlens_k = {339, 3, 113};
+    c.h = 7, c.hk = 1, c.d = 59;
+    c.f = causal();
+    c.seqused_k = c.leftpad_k = true;
+    c.page_size = 16;
+    v.push_back(c);
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+KVCase decode(Device device, DType dt, int b, int h, int hk, int d, int capacity, int s_new) {
+  KVCase c;
+  c.device = device;
+  c.dtype = dt;
+  c.b = b, c.sq = 1, c.h = h, c.hk = hk, c.d = d;
+  c.capacity = capacity;
+  c.s_new = s_new;
+  return c;
+}
+}  // namespace
+
+std::vector<KVCase> kvcache_cases(Device device) {
+  std::vector<KVCase> v;
+  auto add = [&](KVCase c) {
+    c.seed = uint64_t(v.size()) + 1;
+    v.push_back(c);
+  };
+  const DType bf = DType::bf16, fp = DType::f16;
+  // decode, with and without append, every indexing feature
+  add(decode(device, bf, 3, 4, 2, 64, 113, 0));
+  {
+    KVCase c = decode(device, fp, 4, 7, 1, 128, 339, 1);
+    add(c);
+    c.batch_idx = true;
+    add(c);
+    c.leftpad = true;
+    add(c);
+    c.batch_idx = false;
+    c.dtype = bf;
+    add(c);
+  }
+  // paged caches: page sizes 1, 16, 256, shuffled and in order
+  for (int page : {1, 16, 256}) {
+    KVCase c = decode(device, page == 16 ? fp : bf, 3, 4, 1, 64, page == 256 ? 799 : 339, 1);
+    c.page_size = page;
+    c.leftpad = page != 1;
+    add(c);
+  }
+  {
+    KVCase c = decode(device, bf, 2, 2, 2, 128, 113, 0);
+    c.page_size = 16;
+    c.shuffled_pages = false;
+    add(c);
+  }
+  // rotary: interleaved and GPT-NeoX, rotary_dim < d and == d, per-row and shared q positions
+  {
+    KVCase c = decode(device, bf, 2, 4, 2, 64, 339, 3);
+    c.sq = 3;
+    c.rotary = Rotary::interleaved;
+    c.rotary_dim = 32;
+    c.f = causal();
+    add(c);
+    c.rotary_dim = 64;
+    c.f = Features{};  // non-causal: every query rotated at cache_seqlens
+    add(c);
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 32;
+    c.dtype = fp;
+    add(c);
+  }
+  {
+    KVCase c = decode(device, fp, 3, 7, 1, 72, 113, 2);
+    c.sq = 5;  // sq > s_new
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 40;
+    c.f = window(8, 0);
+    c.leftpad = true;
+    add(c);
+    c.page_size = 16;
+    c.leftpad = false;
+    c.rotary = Rotary::interleaved;
+    c.f = causal();
+    add(c);
+  }
+  {
+    KVCase c = decode(device, bf, 2, 4, 1, 128, 339, 17);
+    c.sq = 17;
+    c.page_size = 16;
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 64;
+    c.f = causal();
+    add(c);
+  }
+  // q, k_new, v_new as slices of one packed qkv buffer
+  {
+    KVCase c = decode(device, bf, 2, 4, 2, 64, 113, 3);
+    c.sq = 3;
+    c.layout = Layout::qkv_packed;
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 64;
+    c.f = causal();
+    add(c);
+    c.rotary = Rotary::none;
+    c.dtype = fp;
+    c.batch_idx = true;
+    add(c);
+  }
+  // a full cache without cache_seqlens
+  {
+    KVCase c = decode(device, bf, 2, 4, 2, 64, 256, 0);
+    c.with_seqlens = false;
+    c.sq = 17;
+    c.f = causal();
+    add(c);
+    c.leftpad = true;
+    c.page_size = 16;
+    c.f = Features{};
+    add(c);
+  }
+  // masks and score terms
+  {
+    KVCase c = decode(device, fp, 3, 4, 2, 64, 113, 0);
+    c.sq = 17;  // sequence 1 has no keys: causal rows see nothing
+    c.f = with_alibi(causal(), Alibi::per_batch_head);
+    add(c);
+    c.f = with_softcap(Features{}, 20.0f);
+    c.s_new = 1;
+    c.sq = 1;
+    add(c);
+    c = decode(device, bf, 2, 2, 1, 128, 799, 1);
+    c.f = window(32, 0);
+    add(c);
+    c.sq = 17;
+    c.s_new = 17;
+    c.f = window(-1, 2);
+    add(c);
+    c.f = with_alibi(causal_window(40), Alibi::per_head);
+    c.leftpad = true;
+    add(c);
+  }
+  // GQA packing on (sq <= 64) and off (sq > 64)
+  {
+    KVCase c = decode(device, bf, 2, 14, 2, 64, 339, 0);
+    c.sq = 113;
+    c.f = causal();
+    add(c);
+    c.sq = 3;
+    add(c);
+  }
+  // split counts and caller-owned workspace
+  for (int splits : {1, 3, 7}) {
+    KVCase c = decode(device, fp, 2, 4, 1, 128, 799, 1);
+    c.num_splits = splits;
+    c.caller_workspace = splits == 3;
+    add(c);
+  }
+  {
+    KVCase c = decode(device, bf, 2, 4, 1, 64, 339, 1);
+    c.rotary = Rotary::interleaved;
+    c.rotary_dim = 32;
+    c.num_splits = 3;
+    c.caller_workspace = true;
+    add(c);
+  }
+  // head dims
+  for (int d : head_dims(device)) {
+    KVCase c = decode(device, (d % 3) ? bf : fp, 2, 4, 2, d, 113, 1);
+    add(c);
+  }
+  // fp32 (CPU only)
+  if (device == Device::cpu) {
+    KVCase c = decode(device, DType::f32, 3, 7, 1, 59, 113, 2);
+    c.sq = 2;
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 20;
+    c.f = causal();
+    c.leftpad = true;
+    c.page_size = 16;
+    add(c);
+    c.page_size = 0;
+    c.batch_idx = true;
+    c.rotary = Rotary::interleaved;
+    c.num_splits = 3;
+    add(c);
+  }
+  // a long cache
+  {
+    KVCase c = decode(device, bf, 1, 2, 1, 128, 4097, 1);
+    add(c);
+    c.page_size = 256;
+    c.dtype = fp;
+    c.f = causal();
+    c.sq = 4;
+    c.s_new = 4;
+    add(c);
+  }
+  return v;
+}
+
+std::vector<KVCase> kvcache_split_cases(Device device) {
+  std::vector<KVCase> v;
+  auto add = [&](KVCase c) {
+    c.seed = 100 + uint64_t(v.size());
+    v.push_back(c);
+  };
+  add(decode(device, DType::bf16, 2, 4, 1, 64, 799, 1));
+  {
+    KVCase c = decode(device, DType::f16, 1, 1, 1, 128, 4097, 0);
+    c.f = window(300, 0);
+    add(c);
+  }
+  {
+    KVCase c = decode(device, DType::bf16, 2, 4, 2, 96, 339, 17);
+    c.sq = 17;
+    c.f = causal();
+    c.page_size = 16;
+    c.leftpad = true;
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 32;
+    add(c);
+  }
+  {
+    KVCase c = decode(device, DType::f16, 3, 7, 1, 64, 339, 1);
+    c.f = with_softcap(with_alibi(Features{}, Alibi::per_batch_head), 12.0f);
+    c.batch_idx = true;
+    add(c);
+  }
+  if (device == Device::cpu) {
+    KVCase c = decode(device, DType::f32, 2, 2, 1, 59, 339, 1);
+    add(c);
+  }
+  return v;
+}
+
+std::vector<KVCase> kvcache_paging_cases(Device device) {
+  std::vector<KVCase> v;
+  auto add = [&](KVCase c) {
+    c.seed = 200 + uint64_t(v.size());
+    v.push_back(c);
+  };
+  add(decode(device, DType::bf16, 3, 4, 1, 64, 339, 1));
+  {
+    KVCase c = decode(device, DType::f16, 2, 4, 2, 128, 113, 3);
+    c.sq = 3;
+    c.f = causal();
+    c.leftpad = true;
+    c.rotary = Rotary::interleaved;
+    c.rotary_dim = 64;
+    add(c);
+  }
+  {
+    KVCase c = decode(device, DType::bf16, 2, 7, 1, 64, 512, 0);
+    c.with_seqlens = false;  // capacity a multiple of every page size
+    c.sq = 17;
+    c.f = window(20, 0);
+    add(c);
+  }
+  {
+    KVCase c = decode(device, DType::bf16, 2, 2, 2, 64, 339, 1);
+    c.num_splits = 3;
+    c.f = with_alibi(Features{}, Alibi::per_head);
+    add(c);
+  }
+  return v;
+}
+
+}  // namespace fa_test

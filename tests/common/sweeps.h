@@ -1,0 +1,114 @@
+// The parametrised sweeps, shared by the CPU and the GPU test executables: each executable
+// instantiates the same suites with the case lists of its device (tests/cpu, tests/gpu).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace fa_test {
+
+enum class Alibi { none, per_head, per_batch_head };
+enum class Rotary { none, interleaved, neox };
+// Memory layout of the element tensors: contiguous; padded strides (gaps after each head,
+// row and batch entry, NaN-filled); q (and k, v / k_new, v_new) as slices of one packed
+// qkv buffer.
+enum class Layout { contiguous, padded, qkv_packed };
+
+// Mask, score and output options every sweep shares.
+struct Features {
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  float softcap = 0.0f;
+  Alibi alibi = Alibi::none;
+  float scale = 0.0f;  // 0 = default 1/sqrt(d)
+  bool lse = true;     // ask for softmax_lse and check it
+  std::string name() const;
+};
+
+struct DenseCase {
+  Device device = Device::cpu;
+  DType dtype = DType::bf16;
+  int b = 1, sq = 1, sk = 1, h = 1, hk = 1, d = 64;
+  Features f;
+  Layout layout = Layout::contiguous;
+  std::string name() const;
+};
+
+struct VarlenCase {
+  Device device = Device::cpu;
+  DType dtype = DType::bf16;
+  std::vector<int> seqlens_q, seqlens_k;  // per sequence; seqlens_k = keys stored per sequence
+  int h = 1, hk = 1, d = 64;
+  Features f;
+  bool seqused_k = false;  // use only a prefix of each sequence's keys
+  bool leftpad_k = false;  // ignore a few keys at the left
+  int page_size = 0;       // > 0: paged K/V through a shuffled block_table
+  std::string name() const;
+};
+
+struct KVCase {
+  Device device = Device::cpu;
+  DType dtype = DType::bf16;
+  int b = 1, sq = 1, h = 1, hk = 1, d = 64;
+  int capacity = 64;               // keys per cache row (contiguous) / per sequence (paged)
+  bool with_seqlens = true;        // false: cache_seqlens not given (every row full)
+  int s_new = 0;                   // k_new / v_new rows appended
+  bool batch_idx = false;          // cache_batch_idx maps batch -> a permuted cache row
+  bool leftpad = false;            // cache_leftpad
+  int page_size = 0;               // > 0: paged cache
+  bool shuffled_pages = true;
+  Rotary rotary = Rotary::none;
+  int rotary_dim = 0;
+  int num_splits = 0;
+  bool caller_workspace = false;   // pass a workspace of plan_kvcache(...).workspace_bytes
+  Layout layout = Layout::contiguous;  // qkv_packed: q, k_new, v_new slices of one buffer
+  Features f;
+  uint64_t seed = 1;
+  std::string name() const;
+};
+
+// Names gtest shows: the case's name and its index (unique, [A-Za-z0-9_] only).
+struct CaseName {
+  template <class P>
+  std::string operator()(const ::testing::TestParamInfo<P>& info) const {
+    return info.param.name() + "_" + std::to_string(info.index);
+  }
+};
+
+class DenseSweep : public ::testing::TestWithParam<DenseCase> {};
+class VarlenSweep : public ::testing::TestWithParam<VarlenCase> {};
+class KVCacheSweep : public ::testing::TestWithParam<KVCase> {};
+// The same kv-cache problem with num_splits 1, 3 and 0 (heuristic): all pass and agree.
+class KVCacheSplits : public ::testing::TestWithParam<KVCase> {};
+// The same kv-cache problem contiguous and paged (page sizes 1, 16, 256): all pass and agree.
+class KVCachePaging : public ::testing::TestWithParam<KVCase> {};
+
+std::vector<DenseCase> dense_cases(Device device);
+std::vector<VarlenCase> varlen_cases(Device device);
+std::vector<KVCase> kvcache_cases(Device device);
+std::vector<KVCase> kvcache_split_cases(Device device);
+std::vector<KVCase> kvcache_paging_cases(Device device);
+
+}  // namespace fa_test
+
+// Instantiates every sweep for one device (used once by each test executable).
+#define FA_INSTANTIATE_SWEEPS(Prefix, device)                                                   \
+  INSTANTIATE_TEST_SUITE_P(Prefix, DenseSweep, ::testing::ValuesIn(::fa_test::dense_cases(device)), \
+                           ::fa_test::CaseName());                                              \
+  INSTANTIATE_TEST_SUITE_P(Prefix, VarlenSweep,                                                 \
+                           ::testing::ValuesIn(::fa_test::varlen_cases(device)),                \
+                           ::fa_test::CaseName());                                              \
+  INSTANTIATE_TEST_SUITE_P(Prefix, KVCacheSweep,                                                \
+                           ::testing::ValuesIn(::fa_test::kvcache_cases(device)),               \
+                           ::fa_test::CaseName());                                              \
+  INSTANTIATE_TEST_SUITE_P(Prefix, KVCacheSplits,                                               \
+                           ::testing::ValuesIn(::fa_test::kvcache_split_cases(device)),         \
+                           ::fa_test::CaseName());                                              \
+  INSTANTIATE_TEST_SUITE_P(Prefix, KVCachePaging,                                               \
+                           ::testing::ValuesIn(::fa_test::kvcache_paging_cases(device)),        \
+                           ::fa_test::CaseName())

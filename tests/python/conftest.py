@@ -1,0 +1,53 @@
+"""Shared pytest setup for the flashattn Python tests.
+
+Run from the repo root with the package importable, e.g.
+    PYTHONPATH=build-python/site python -m pytest tests/python        (cmake build of python/)
+    pip install . && python -m pytest tests/python              (installed)
+GPU tests carry the marker `gpu` (deselect with -m "not gpu") and skip themselves when torch
+with CUDA, or a CUDA build of flashattn, is missing.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # `import reference`
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA device, torch with CUDA, and flashattn built with CUDA")
+
+
+# Absolute floor of the pass rule max|impl - f64| <= 2 max|naive - f64| + floor, per dtype:
+# a few units in the last place of outputs of magnitude ~1.
+FLOOR = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}
+LSE_FLOOR = {np.dtype(np.float16): 1e-3, np.dtype(np.float32): 1e-5}
+
+
+def assert_attention_close(out, ref, naive, dtype, what="out"):
+    """FlashAttention's pass rule against the float64 oracle."""
+    out = np.asarray(out, np.float64)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    assert np.isfinite(out).all(), f"{what}: non-finite values (unwritten or NaN)"
+    err = np.abs(out - ref).max(initial=0.0)
+    naive_err = np.abs(naive - ref).max(initial=0.0)
+    bound = 2 * naive_err + FLOOR[np.dtype(dtype)]
+    assert err <= bound, f"{what}: max error {err:.3g} > bound {bound:.3g} (naive {naive_err:.3g})"
+
+
+def assert_lse_close(lse, ref, dtype):
+    lse = np.asarray(lse, np.float64)
+    assert lse.shape == ref.shape, f"lse: shape {lse.shape} != {ref.shape}"
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref)), "lse: -inf rows differ"
+    fin = np.isfinite(ref)
+    assert np.isfinite(lse[fin]).all()
+    err = np.abs(lse[fin] - ref[fin]).max(initial=0.0)
+    assert err <= LSE_FLOOR[np.dtype(dtype)] * max(1.0, np.abs(ref[fin]).max(initial=1.0)), \
+        f"lse: max error {err:.3g}"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

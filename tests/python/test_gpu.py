@@ -1,0 +1,292 @@
+"""GPU tests (marker `gpu`): PyTorch CUDA tensors against torch float64 math, a paged-cache
+decode step captured in a CUDA graph and replayed, and CuPy / JAX when installed.
+
+Skipped cleanly when torch with CUDA is missing or flashattn was built without CUDA.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import flashattn
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.cuda is not available"),
+    pytest.mark.skipif(not flashattn.cuda_available(), reason="flashattn built without CUDA"),
+]
+
+DTYPES = [torch.float16, torch.bfloat16]
+# Absolute floor of the pass rule (a few ulps of outputs of magnitude ~1).
+FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+LSE_ATOL = 2e-3
+
+
+# ---- torch float64 reference ----------------------------------------------------------------
+
+def attend(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=0.0, slopes=None,
+           lowp=None):
+    """One sequence: q (sq, h, d), k/v (sk, hk, d) -> out (sq, h, d), lse (h, sq), float64."""
+    q, k, v = q.double(), k.double(), v.double()
+    sq, h, d = q.shape
+    sk, hk, _ = k.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    left, right = window
+    if causal:
+        right = 0
+    k = k.repeat_interleave(h // hk, dim=1)
+    v = v.repeat_interleave(h // hk, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k)
+    s = softcap * torch.tanh(s * scale / softcap) if softcap > 0 else s * scale
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + sk - sq
+    if slopes is not None:
+        s = s - slopes.double()[:, None, None] * (diag - j).abs()
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        visible &= j >= diag - left
+    if right >= 0:
+        visible &= j <= diag + right
+    s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)  # -inf for rows without keys
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    if lowp is not None:
+        p = p.to(lowp).double()
+    out = torch.einsum("hqk,khd->qhd", p, v)
+    if lowp is not None:
+        out = out.to(lowp).double()
+    return out, lse
+
+
+def dense_ref(q, k, v, **kw):
+    res = [attend(q[b], k[b], v[b], **kw) for b in range(q.shape[0])]
+    return torch.stack([r[0] for r in res]), torch.stack([r[1] for r in res])
+
+
+def assert_close(out, ref, naive, dtype, what="out"):
+    out = out.double()
+    assert torch.isfinite(out).all(), f"{what}: non-finite values"
+    err = (out - ref).abs().max().item() if out.numel() else 0.0
+    naive_err = (naive - ref).abs().max().item() if out.numel() else 0.0
+    bound = 2 * naive_err + FLOOR[dtype]
+    assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g} (naive {naive_err:.3g})"
+
+
+def assert_lse(lse, ref):
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref))
+    fin = torch.isfinite(ref)
+    if fin.any():
+        assert (lse.double()[fin] - ref[fin]).abs().max().item() <= LSE_ATOL
+
+
+def randn(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+# ---- dense and varlen -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("b,sq,sk", [(1, 1, 1), (2, 113, 339), (2, 339, 113), (1, 799, 799)])
+@pytest.mark.parametrize("h,hk", [(8, 8), (8, 2), (7, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense(dtype, d, b, sq, sk, h, hk, causal):
+    torch.manual_seed(0)
+    q, k, v = randn(b, sq, h, d, dtype=dtype), randn(b, sk, hk, d, dtype=dtype), \
+        randn(b, sk, hk, d, dtype=dtype)
+    out, lse, p = flashattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert p is None and out.dtype == dtype and out.device == q.device
+    ref, ref_lse = dense_ref(q, k, v, causal=causal)
+    naive, _ = dense_ref(q, k, v, causal=causal, lowp=dtype)
+    assert_close(out, ref, naive, dtype)
+    assert_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_options(dtype):
+    torch.manual_seed(1)
+    b, h = 2, 8
+    q, k, v = randn(b, 77, h, 64, dtype=dtype), randn(b, 131, 4, 64, dtype=dtype), \
+        randn(b, 131, 4, 64, dtype=dtype)
+    alibi = torch.rand(h, device="cuda") * 0.3
+    kw = dict(softmax_scale=0.2, window_size=(32, 8), softcap=10.0)
+    out = flashattn.flash_attn_func(q, k, v, alibi_slopes=alibi, **kw)
+    rkw = dict(scale=0.2, window=(32, 8), softcap=10.0, slopes=alibi)
+    ref, _ = dense_ref(q, k, v, **rkw)
+    naive, _ = dense_ref(q, k, v, lowp=dtype, **rkw)
+    assert_close(out, ref, naive, dtype)
+
+
+def test_side_stream_and_out():
+    """Runs on torch's current stream; out= is written in place and returned."""
+    torch.manual_seed(2)
+    q, k, v = (randn(2, 257, 8, 128, dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        res = flashattn.flash_attn_func(q, k, v, causal=True, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert res is out
+    ref, _ = dense_ref(q, k, v, causal=True)
+    naive, _ = dense_ref(q, k, v, causal=True, lowp=torch.bfloat16)
+    assert_close(out, ref, naive, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen(dtype):
+    torch.manual_seed(3)
+    lq, lk = [1, 113, 0, 339, 17], [17, 339, 5, 113, 17]
+    cu = lambda n: torch.tensor([0] + list(np.cumsum(n)), dtype=torch.int32, device="cuda")
+    h, hk, d = 8, 2, 64
+    q = randn(sum(lq), h, d, dtype=dtype)
+    k, v = randn(sum(lk), hk, d, dtype=dtype), randn(sum(lk), hk, d, dtype=dtype)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), max(lq), max(lk),
+                                                   causal=True, return_attn_probs=True)
+    oq, ok = np.cumsum([0] + lq), np.cumsum([0] + lk)
+    for b in range(len(lq)):
+        qs, ks = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
+        ref, ref_lse = attend(q[qs], k[ks], v[ks], causal=True)
+        naive, _ = attend(q[qs], k[ks], v[ks], causal=True, lowp=dtype)
+        assert_close(out[qs], ref, naive, dtype, f"out of sequence {b}")
+        assert_lse(lse[:, qs], ref_lse)
+
+
+# ---- kv cache: paged decode, CUDA graph ---------------------------------------------------------
+
+def paged_cache(b, max_sk, page_size, hk, d, dtype):
+    max_pages = -(-max_sk // page_size)
+    num_pages = b * max_pages + 3
+    k_cache = randn(num_pages, page_size, hk, d, dtype=dtype)
+    v_cache = randn(num_pages, page_size, hk, d, dtype=dtype)
+    table = torch.randperm(num_pages, device="cuda")[:b * max_pages].reshape(b, max_pages)
+    return k_cache, v_cache, table.to(torch.int32)
+
+
+def gather(cache, table, b, n):
+    pos = torch.arange(n, device=cache.device)
+    page_size = cache.shape[1]
+    return cache[table[b, pos // page_size].long(), pos % page_size]
+
+
+def kvcache_ref(q, k_cache, v_cache, table, seqlens, lowp=None, **kw):
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(seqlens[b])
+        o, l = attend(q[b], gather(k_cache, table, b, n), gather(v_cache, table, b, n),
+                      lowp=lowp, **kw)
+        outs.append(o)
+        lses.append(l)
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [1, 16, 256])
+@pytest.mark.parametrize("num_splits", [1, 0, 4])
+def test_kvcache_paged(dtype, page_size, num_splits):
+    torch.manual_seed(4)
+    b, h, hk, d, max_sk = 3, 8, 2, 128, 1000
+    k_cache, v_cache, table = paged_cache(b, max_sk, page_size, hk, d, dtype)
+    seqlens = torch.tensor([999, 1, 517], dtype=torch.int32, device="cuda")
+    q = randn(b, 1, h, d, dtype=dtype)
+    k_new, v_new = randn(b, 1, hk, d, dtype=dtype), randn(b, 1, hk, d, dtype=dtype)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table,
+        causal=True, num_splits=num_splits, return_softmax_lse=True)
+    for bb in range(b):  # the new key/value were written at row seqlens[b]
+        n = int(seqlens[bb])
+        torch.testing.assert_close(gather(k_cache, table, bb, n + 1)[n], k_new[bb, 0], rtol=0,
+                                   atol=0)
+    ref, ref_lse = kvcache_ref(q, k_cache, v_cache, table, seqlens + 1, causal=True)
+    naive, _ = kvcache_ref(q, k_cache, v_cache, table, seqlens + 1, causal=True, lowp=dtype)
+    assert_close(out, ref, naive, dtype)
+    assert_lse(lse, ref_lse)
+
+
+def test_decode_cuda_graph():
+    """A decode step (append + attend over a paged cache, split-KV) captured once and replayed
+    for several steps; the captured call allocates nothing (workspace from plan_kvcache)."""
+    torch.manual_seed(5)
+    dtype, b, h, hk, d, page_size, max_sk = torch.bfloat16, 4, 16, 4, 128, 16, 2048
+    k_cache, v_cache, table = paged_cache(b, max_sk, page_size, hk, d, dtype)
+    seqlens = torch.tensor([1000, 3, 1500, 64], dtype=torch.int32, device="cuda")
+    q = randn(b, 1, h, d, dtype=dtype)
+    k_new, v_new = randn(b, 1, hk, d, dtype=dtype), randn(b, 1, hk, d, dtype=dtype)
+    out = torch.empty_like(q)
+    lse_shape = (b, h, 1)
+    args = dict(cache_seqlens=seqlens, block_table=table, causal=True, num_splits=0)
+    plan = flashattn.plan_kvcache(q, k_cache, v_cache, k_new, v_new, **args)
+    workspace = flashattn.allocate_workspace(plan, like=q)
+    assert workspace.is_cuda and workspace.numel() == plan.workspace_bytes
+
+    def step():
+        return flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **args,
+                                                 out=out, workspace=workspace,
+                                                 return_softmax_lse=True)
+
+    # Warm up on a side stream (as torch.cuda.graphs recommends), then undo its append.
+    k_saved, v_saved = k_cache.clone(), v_cache.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    k_cache.copy_(k_saved)
+    v_cache.copy_(v_saved)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = step()
+    assert lse.shape == lse_shape
+
+    for it in range(3):
+        q.copy_(randn(b, 1, h, d, dtype=dtype))
+        k_new.copy_(randn(b, 1, hk, d, dtype=dtype))
+        v_new.copy_(randn(b, 1, hk, d, dtype=dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, ref_lse = kvcache_ref(q, k_cache, v_cache, table, seqlens + 1, causal=True)
+        naive, _ = kvcache_ref(q, k_cache, v_cache, table, seqlens + 1, causal=True, lowp=dtype)
+        assert_close(out, ref, naive, dtype, f"replay {it}")
+        assert_lse(lse, ref_lse)
+        for bb in range(b):
+            n = int(seqlens[bb])
+            assert torch.equal(gather(k_cache, table, bb, n + 1)[n], k_new[bb, 0])
+        seqlens.add_(1)  # the next decode step appends one row further
+
+
+# ---- other CUDA frameworks ---------------------------------------------------------------------
+
+def test_cupy():
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 65, 8, 64)).astype(np.float16) for _ in range(3))
+    out, lse, _ = flashattn.flash_attn_func(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v),
+                                            causal=True, return_attn_probs=True)
+    assert isinstance(out, cupy.ndarray) and out.dtype == np.float16
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    ref, ref_lse = dense_ref(tq, tk, tv, causal=True)
+    naive, _ = dense_ref(tq, tk, tv, causal=True, lowp=torch.float16)
+    assert_close(torch.from_numpy(cupy.asnumpy(out)).cuda(), ref, naive, torch.float16)
+    assert_lse(torch.from_numpy(cupy.asnumpy(lse)).cuda(), ref_lse)
+
+
+def test_jax():
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    gpus = [dev for dev in jax.devices() if dev.platform == "gpu"]
+    if not gpus:
+        pytest.skip("JAX has no GPU")
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 65, 8, 64)).astype(np.float16) for _ in range(3))
+    jq, jk, jv = (jax.device_put(x, gpus[0]) for x in (q, k, v))
+    out = flashattn.flash_attn_func(jq, jk, jv, causal=True)
+    assert isinstance(out, jax.Array) and out.dtype == jnp.float16
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    ref, _ = dense_ref(tq, tk, tv, causal=True)
+    naive, _ = dense_ref(tq, tk, tv, causal=True, lowp=torch.float16)
+    assert_close(torch.from_numpy(np.asarray(out)).cuda(), ref, naive, torch.float16)

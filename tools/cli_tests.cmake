@@ -1,0 +1,43 @@
+# ctest cases of the flashattn command-line tool (label `cli`). Include from tests/CMakeLists.txt:
+#   if(TARGET flashattn_cli)
+#     include(${PROJECT_SOURCE_DIR}/tools/cli_tests.cmake)
+#   endif()
+# Small sizes, CPU backend: `run --check` must pass for each feature and a few combinations;
+# bad command lines must give one "flashattn: error: ..." line.
+
+set(_fa "$<TARGET_FILE:flashattn_cli>")
+set(_run ${_fa} run --device cpu --check --repeat 1 --threads 2)
+
+function(flashattn_cli_test name)
+  add_test(NAME cli.${name} COMMAND ${ARGN})
+  set_tests_properties(cli.${name} PROPERTIES LABELS cli)
+endfunction()
+
+# A bad command line: the test passes when the output matches `regex` (one error line).
+function(flashattn_cli_error_test name regex)
+  flashattn_cli_test(${name} ${ARGN})
+  set_tests_properties(cli.${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}")
+endfunction()
+
+# ---- run --check: must pass -------------------------------------------------------------------
+flashattn_cli_test(run.dense_gqa_causal ${_run} --batch 2 --seqlen-q 113 --seqlen-k 77 --heads 4 --kv-heads 2 --head-dim 64 --causal)
+flashattn_cli_test(run.dense_fp16 ${_run} --dtype fp16 --batch 1 --seqlen-q 33 --heads 3 --kv-heads 1 --head-dim 40)
+flashattn_cli_test(run.varlen_window_alibi_softcap ${_run} --varlen --window 16,0 --alibi --softcap 30 --batch 3 --seqlen-q 65 --heads 4 --head-dim 32)
+flashattn_cli_test(run.varlen_paged ${_run} --varlen --paged --page-size 16 --batch 3 --seqlen-q 50 --seqlen-k 80 --heads 4 --kv-heads 2 --head-dim 64 --causal)
+flashattn_cli_test(run.kvcache_paged_append_rotary ${_run} --kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 5 --seqlen-k 200 --heads 8 --kv-heads 2 --head-dim 64 --causal --append 5 --rotary neox)
+flashattn_cli_test(run.kvcache_splits_interleaved ${_run} --kvcache --splits 4 --batch 3 --seqlen-q 1 --seqlen-k 300 --heads 4 --kv-heads 4 --head-dim 128 --append 1 --rotary interleaved --window 100,-1)
+add_test(NAME cli.run.json COMMAND ${_run} --json --batch 1 --seqlen-q 17 --heads 2 --head-dim 32 --alibi)
+set_tests_properties(cli.run.json PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "\"pass\": true")
+flashattn_cli_test(bench.quick ${_fa} bench --device cpu --quick --causal on --head-dims 32 --seqlens 64 --threads 2)
+flashattn_cli_test(bench.decode_quick ${_fa} bench --device cpu --decode --batches 2 --seqlens 256 --page-size 16 --threads 2)
+
+# ---- bad command lines ----------------------------------------------------------------------
+flashattn_cli_error_test(bad.unknown_flag "flashattn: error: unknown option '--bogus'" ${_fa} run --bogus)
+flashattn_cli_error_test(bad.missing_value "flashattn: error: --batch needs a value" ${_fa} run --batch)
+flashattn_cli_error_test(bad.window "flashattn: error: --window: expected" ${_fa} run --window 3)
+flashattn_cli_error_test(bad.paged_dense "flashattn: error: --paged needs --kvcache or --varlen" ${_fa} run --paged)
+flashattn_cli_error_test(bad.append_too_long "flashattn: error: --append 10 does not fit" ${_fa} run --kvcache --append 10 --seqlen-k 5)
+flashattn_cli_error_test(bad.gqa_shape "flashattn: error: " ${_fa} run --device cpu --heads 6 --kv-heads 4 --seqlen-q 8)
+flashattn_cli_error_test(bad.command "flashattn: error: unknown command" ${_fa} frobnicate)
+add_test(NAME cli.bad.exit_status COMMAND ${_fa} run --bogus)
+set_tests_properties(cli.bad.exit_status PROPERTIES LABELS cli WILL_FAIL TRUE)
