@@ -55,8 +55,17 @@ def to_extension(x):
         import numpy as np
 
         return (_C.BF16_BITS_TAG, x.view(np.uint16))
-    if framework_of(x) == "jax":
+    framework = framework_of(x)
+    if framework == "jax":
         x.block_until_ready()
+    elif framework == "torch" and getattr(x, "requires_grad", False):
+        import torch
+
+        if torch.is_grad_enabled():
+            raise NotImplementedError(
+                "flashattn has no backward pass: a tensor requires grad; call it under "
+                "torch.no_grad() / torch.inference_mode(), or detach the inputs")
+        x = x.detach()  # DLPack refuses tensors that require grad
     return x
 
 

@@ -43,6 +43,24 @@ std::string py_type_name(nb::handle obj) {
   return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))));
 }
 
+// "int64", "float64", "bool8", ... for messages.
+std::string dlpack_dtype_name(const nb::dlpack::dtype& dt) {
+  using Code = nb::dlpack::dtype_code;
+  std::string kind;
+  switch (static_cast<Code>(dt.code)) {
+    case Code::Int: kind = "int"; break;
+    case Code::UInt: kind = "uint"; break;
+    case Code::Float: kind = "float"; break;
+    case Code::Bfloat: kind = "bfloat"; break;
+    case Code::Complex: kind = "complex"; break;
+    case Code::Bool: kind = "bool"; break;
+    default: kind = "dlpack_code" + std::to_string(int(dt.code)) + "_"; break;
+  }
+  std::string name = kind + std::to_string(int(dt.bits));
+  if (dt.lanes != 1) name += "x" + std::to_string(int(dt.lanes));
+  return name;
+}
+
 DType to_dtype(const nb::dlpack::dtype& dt, bool bf16_bits, const char* name) {
   using Code = nb::dlpack::dtype_code;
   const auto code = static_cast<Code>(dt.code);
@@ -54,10 +72,9 @@ DType to_dtype(const nb::dlpack::dtype& dt, bool bf16_bits, const char* name) {
     if (bf16_bits && (code == Code::UInt || code == Code::Int) && dt.bits == kBits16)
       return DType::bf16;
   }
-  fail(Error::Kind::type_error,
-       std::string(name) + ": dtype (DLPack code " + std::to_string(int(dt.code)) + ", " +
-           std::to_string(int(dt.bits)) + " bits, " + std::to_string(int(dt.lanes)) +
-           " lanes) is not supported; expected float16, bfloat16, float32 or int32");
+  fail(Error::Kind::type_error, std::string(name) + ": dtype " + dlpack_dtype_name(dt) +
+                                    " is not supported; expected float16, bfloat16, float32 " +
+                                    "or int32");
 }
 
 Device to_device(int device_type, const char* name) {

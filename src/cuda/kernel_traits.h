@@ -94,8 +94,11 @@ struct FwdTraits {
   static constexpr int kSmemKVBytes = int(cute::cosize_v<SmemLayoutKV>) * int(sizeof(Element));
   // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs for two key tiles.
   static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * 2 * kBlockN) * int(sizeof(int64_t));
-  // Q, K, V (one buffer each), then the row offset tables.
-  static constexpr int kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes + kSmemRowOffsetBytes;
+  // The CTA's geometry (fwd_kernel.h CtaInfo), re-read from smem inside the mainloop.
+  static constexpr int kSmemCtaInfoBytes = 128;
+  // Q, K, V (one buffer each), then the row offset tables, then the CTA geometry.
+  static constexpr int kSmemBytes =
+      kSmemQBytes + 2 * kSmemKVBytes + kSmemRowOffsetBytes + kSmemCtaInfoBytes;
   static constexpr int kDefaultSmemLimit = 48 * 1024;
   static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
 };

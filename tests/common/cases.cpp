@@ -3,6 +3,9 @@
 // sequences). The CPU lists add fp32 and an odd head dim; both lists stay small enough for the
 // float64 oracle: the whole CPU suite runs in a few minutes on 2 cores.
 #include <cstdlib>
+#include <algorithm>
+#include <random>
+#include <tuple>
 
 #include "sweeps.h"
 
@@ -33,6 +36,38 @@ Features with_alibi(Features f, Alibi a) {
 Features with_softcap(Features f, float cap) {
   f.softcap = cap;
   return f;
+}
+
+// ---- seeded random combinations -----------------------------------------------------------
+// Each sweep ends with combinations of every feature drawn from a fixed seed (so the list and
+// the test names are the same on every run), within a work budget that keeps the oracle fast.
+constexpr uint64_t kCombinationSeed = 20261130;
+constexpr int kDenseCombinations = 96, kVarlenCombinations = 48, kKVCombinations = 72;
+constexpr double kDenseWorkBudget = 6e7;  // b * h * sq * sk * d of one combination
+
+template <class T>
+const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
+  return v[size_t(rng() % v.size())];
+}
+bool chance(std::mt19937_64& rng, int percent) { return int(rng() % 100) < percent; }
+
+Features random_features(std::mt19937_64& rng) {
+  Features f;
+  f.causal = chance(rng, 35);
+  if (chance(rng, 40)) {
+    const std::vector<int> sizes = {0, 1, 7, 64, 200};
+    f.window_left = chance(rng, 25) ? -1 : pick(rng, sizes);
+    f.window_right = f.causal ? 0 : (chance(rng, 30) ? -1 : pick(rng, sizes));
+  }
+  if (chance(rng, 25)) f.softcap = pick(rng, std::vector<float>{5.0f, 30.0f});
+  if (chance(rng, 30)) f.alibi = chance(rng, 50) ? Alibi::per_head : Alibi::per_batch_head;
+  if (chance(rng, 10)) f.scale = 0.3f;
+  f.lse = !chance(rng, 10);
+  return f;
+}
+
+std::pair<int, int> random_heads(std::mt19937_64& rng) {
+  return pick(rng, std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {4, 2}, {7, 1}, {6, 3}, {4, 4}});
 }
 
 // Head dims of the sweeps: multiples of 8 everywhere, plus an odd one on the CPU.
@@ -123,6 +158,21 @@ std::vector<DenseCase> dense_cases(Device device) {
   add(DType::f16, 2, 1, 4097, 4, 1, 128, Features{});
   add(DType::bf16, 1, 4097, 17, 2, 1, 32, window(8, 8));
   add(DType::f16, 1, 17, 4097, 2, 2, 256, with_alibi(Features{}, Alibi::per_head));
+  // seeded combinations
+  std::mt19937_64 rng(kCombinationSeed);
+  const std::vector<int> lens = {1, 3, 17, 113, 339, 799};
+  for (int n = 0; n < kDenseCombinations;) {
+    const DType dt = pick(rng, dtypes(device));
+    const int d = pick(rng, head_dims(device));
+    const auto [h, hk] = random_heads(rng);
+    const int b = 1 + int(rng() % 3), sq = pick(rng, lens), sk = pick(rng, lens);
+    const Features f = random_features(rng);
+    const Layout layout = sq == sk && chance(rng, 30) ? Layout::qkv_packed
+                                                      : (chance(rng, 25) ? Layout::padded : Layout::contiguous);
+    if (double(b) * h * sq * sk * d > kDenseWorkBudget) continue;
+    add(dt, b, sq, sk, h, hk, d, f, layout);
+    ++n;
+  }
   return v;
 }
 
@@ -161,6 +211,7 @@ std::vector<VarlenCase> varlen_cases(Device device) {
         c.seqused_k = trimmed;
         c.leftpad_k = trimmed && (i % 3 != 0);
         c.page_size = page;
+        c.layout = (i % 5 == 2) ? Layout::padded : Layout::contiguous;
         v.push_back(c);
         ++i;
       }
@@ -176,6 +227,27 @@ std::vector<VarlenCase> varlen_cases(Device device) {
     c.f = causal();
     c.seqused_k = c.leftpad_k = true;
     c.page_size = 16;
+    v.push_back(c);
+  }
+  // seeded combinations
+  std::mt19937_64 rng(kCombinationSeed + 1);
+  const std::vector<int> lens = {0, 1, 3, 17, 113, 339};
+  for (int n = 0; n < kVarlenCombinations; ++n) {
+    VarlenCase c;
+    c.device = device;
+    c.dtype = pick(rng, dtypes(device));
+    const int batch = 1 + int(rng() % 5);
+    for (int b = 0; b < batch; ++b) {
+      c.seqlens_q.push_back(pick(rng, lens));
+      c.seqlens_k.push_back(pick(rng, lens));
+    }
+    std::tie(c.h, c.hk) = random_heads(rng);
+    c.d = pick(rng, head_dims(device));
+    c.f = random_features(rng);
+    c.seqused_k = chance(rng, 40);
+    c.leftpad_k = chance(rng, 40);
+    c.page_size = pick(rng, std::vector<int>{0, 0, 1, 16, 256});
+    c.layout = chance(rng, 30) ? Layout::padded : Layout::contiguous;
     v.push_back(c);
   }
   return v;
@@ -368,6 +440,33 @@ std::vector<KVCase> kvcache_cases(Device device) {
     c.f = causal();
     c.sq = 4;
     c.s_new = 4;
+    add(c);
+  }
+  // seeded combinations
+  std::mt19937_64 rng(kCombinationSeed + 2);
+  for (int n = 0; n < kKVCombinations; ++n) {
+    KVCase c;
+    c.device = device;
+    c.dtype = pick(rng, dtypes(device));
+    c.b = 1 + int(rng() % 4);
+    c.sq = pick(rng, std::vector<int>{1, 1, 2, 3, 17});
+    std::tie(c.h, c.hk) = random_heads(rng);
+    c.d = pick(rng, head_dims(device));
+    c.capacity = pick(rng, std::vector<int>{17, 113, 339, 799});
+    c.with_seqlens = !chance(rng, 10);
+    c.s_new = c.with_seqlens ? pick(rng, std::vector<int>{0, 1, c.sq}) : 0;
+    c.leftpad = chance(rng, 35);
+    c.page_size = pick(rng, std::vector<int>{0, 0, 1, 16, 256});
+    if (!c.with_seqlens && c.page_size > 0 && c.capacity % c.page_size != 0) c.page_size = 0;
+    c.batch_idx = c.page_size == 0 && chance(rng, 35);
+    if (c.with_seqlens && chance(rng, 45)) {
+      c.rotary = chance(rng, 50) ? Rotary::interleaved : Rotary::neox;
+      c.rotary_dim = std::max(2, int(rng() % (c.d / 2 + 1)) * 2);  // any even size <= d
+    }
+    c.num_splits = pick(rng, std::vector<int>{0, 0, 1, 2, 3, 5});
+    c.caller_workspace = chance(rng, 20);
+    c.layout = (c.s_new == c.sq && chance(rng, 30)) ? Layout::qkv_packed : Layout::contiguous;
+    c.f = random_features(rng);
     add(c);
   }
   return v;

@@ -88,7 +88,9 @@ void run_dense(const DenseCase& c) {
     place_lse(lse_lowp, r.lse_lowp, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
   }
   EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
-  if (c.f.lse) EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));
+  if (c.f.lse) {
+    EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));
+  }
 }
 
 }  // namespace

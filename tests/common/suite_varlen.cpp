@@ -75,11 +75,29 @@ void run_varlen(const VarlenCase& c) {
   }
   const std::vector<double> q = random_normal(int64_t(total_q) * c.h * c.d, kSeedQ, c.dtype);
 
+  // element views: contiguous, or with NaN-filled gaps after each head / row / page
+  const bool padded = c.layout == Layout::padded;
+  const int64_t pad = padded ? kPadElements : 0;
+  const View qv = padded ? padded_view({total_q, c.h, c.d}, pad) : contiguous_view({total_q, c.h, c.d});
+  const View ov = padded ? padded_view({total_q, c.h, c.d}, 2 * pad) : contiguous_view({total_q, c.h, c.d});
+  View kview;
+  if (c.page_size > 0) {
+    const int64_t num_pages = rows / c.page_size;
+    kview = padded ? padded_view({num_pages, c.page_size, c.hk, c.d}, pad)
+                   : contiguous_view({num_pages, c.page_size, c.hk, c.d});
+  } else {
+    kview = padded ? padded_view({rows, c.hk, c.d}, pad) : contiguous_view({rows, c.hk, c.d});
+  }
+  std::vector<double> qbuf, kbuf, vbuf;
+  scatter(qbuf, qv, q);
+  scatter(kbuf, kview, krows);
+  scatter(vbuf, kview, vrows);
+
   // device buffers
-  const Buffer dq = to_device(q, c.dtype, c.device);
-  const Buffer dk = to_device(krows, c.dtype, c.device);
-  const Buffer dv = to_device(vrows, c.dtype, c.device);
-  const Buffer dout = poisoned(c.dtype, int64_t(total_q) * c.h * c.d, c.device);
+  const Buffer dq = to_device(qbuf, c.dtype, c.device);
+  const Buffer dk = to_device(kbuf, c.dtype, c.device);
+  const Buffer dv = to_device(vbuf, c.dtype, c.device);
+  const Buffer dout = poisoned(c.dtype, ov.extent(), c.device);
   const Buffer dlse = poisoned(DType::f32, int64_t(c.h) * total_q, c.device);
   const Buffer dcu_q = to_device_i32(cu_q, c.device), dcu_k = to_device_i32(cu_k, c.device);
   const Buffer dused = to_device_i32(win.end, c.device);
@@ -94,23 +112,14 @@ void run_varlen(const VarlenCase& c) {
   args.max_seqlen_k = max_k;
   if (c.seqused_k) args.seqused_k = i32_tensor(dused, {batch});
   if (c.leftpad_k) args.leftpad_k = i32_tensor(dpad, {batch});
-  Tensor k, v;
-  if (c.page_size > 0) {
-    args.block_table = i32_tensor(dtable, {batch, layout.max_pages});
-    const int64_t num_pages = rows / c.page_size;
-    k = Tensor::contiguous(dk.data(), c.dtype, {num_pages, c.page_size, c.hk, c.d}, c.device);
-    v = Tensor::contiguous(dv.data(), c.dtype, {num_pages, c.page_size, c.hk, c.d}, c.device);
-  } else {
-    k = Tensor::contiguous(dk.data(), c.dtype, {rows, c.hk, c.d}, c.device);
-    v = Tensor::contiguous(dv.data(), c.dtype, {rows, c.hk, c.d}, c.device);
-  }
+  if (c.page_size > 0) args.block_table = i32_tensor(dtable, {batch, layout.max_pages});
   const Tensor lse = c.f.lse ? f32_vector(dlse, {c.h, total_q}) : Tensor{};
   const flashattn::AttentionOptions opts = api_options(c.f, alibi, batch, lse);
-  flashattn::forward_varlen(Tensor::contiguous(dq.data(), c.dtype, {total_q, c.h, c.d}, c.device),
-                            k, v,
-                            Tensor::contiguous(dout.data(), c.dtype, {total_q, c.h, c.d}, c.device),
-                            args, opts);
-  const std::vector<double> out = from_device(dout, c.dtype);
+  flashattn::forward_varlen(tensor_of(dq, c.dtype, qv), tensor_of(dk, c.dtype, kview),
+                            tensor_of(dv, c.dtype, kview), tensor_of(dout, c.dtype, ov), args, opts);
+  const std::vector<double> out_all = from_device(dout, c.dtype);
+  EXPECT_TRUE(poison_outside_view_intact(out_all, ov)) << "out: wrote outside its view";
+  const std::vector<double> out = gather(out_all, ov);
   const std::vector<double> lse_impl = from_device(dlse, DType::f32);
 
   // oracle per sequence on gathered plain arrays
@@ -130,7 +139,9 @@ void run_varlen(const VarlenCase& c) {
     place_lse(lse_lowp, r.lse_lowp, cu_q[size_t(b)], total_q, sq, c.h);
   }
   EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
-  if (c.f.lse) EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));
+  if (c.f.lse) {
+    EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));
+  }
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ std::string VarlenCase::name() const {
   if (seqused_k) os << "_seqused";
   if (leftpad_k) os << "_leftpad";
   if (page_size > 0) os << "_page" << page_size;
+  os << layout_name(layout);
   return sanitize(os.str());
 }
 

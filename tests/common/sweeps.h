@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@ struct VarlenCase {
   bool seqused_k = false;  // use only a prefix of each sequence's keys
   bool leftpad_k = false;  // ignore a few keys at the left
   int page_size = 0;       // > 0: paged K/V through a shuffled block_table
+  Layout layout = Layout::contiguous;  // padded: q, k, v, out with NaN-filled gaps
   std::string name() const;
 };
 
@@ -71,6 +73,11 @@ struct KVCase {
   uint64_t seed = 1;
   std::string name() const;
 };
+
+// gtest prints a failing case's parameter with these (instead of its bytes).
+inline void PrintTo(const DenseCase& c, std::ostream* os) { *os << c.name(); }
+inline void PrintTo(const VarlenCase& c, std::ostream* os) { *os << c.name(); }
+inline void PrintTo(const KVCase& c, std::ostream* os) { *os << c.name(); }
 
 // Names gtest shows: the case's name and its index (unique, [A-Za-z0-9_] only).
 struct CaseName {

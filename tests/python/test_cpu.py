@@ -430,3 +430,18 @@ def test_torch_cpu(rng):
     r, _ = ref.dense(tq.bfloat16().double().numpy(), tk.bfloat16().double().numpy(),
                      tv.bfloat16().double().numpy())
     np.testing.assert_allclose(out16.double().numpy(), r, atol=2e-2)
+    leaf = tq.clone().requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="backward"):
+        flashattn.flash_attn_func(leaf, tk, tv)
+    with torch.no_grad():
+        flashattn.flash_attn_func(leaf, tk, tv)
+
+
+def test_jax_cpu(rng):
+    jax = pytest.importorskip("jax")
+    cpu = jax.devices("cpu")[0]
+    q, k, v = make_qkv(rng, 2, 17, 33, 4, 2, 64, np.float32)
+    jq, jk, jv = (jax.device_put(x, cpu) for x in (q, k, v))
+    out, lse, _ = flashattn.flash_attn_func(jq, jk, jv, causal=True, return_attn_probs=True)
+    assert isinstance(out, jax.Array)
+    check_dense(q, k, v, np.array(out), np.array(lse), np.float32, causal=True)
