@@ -125,7 +125,7 @@ FA_HD PackedRow unpack_row(const AttnParams& p, int r, int hk) {
 
 // Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at
 // the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
-FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 64 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
+FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
 
 // The key tiles [tile_lo, tile_hi) that a query tile must visit (from its visible key range)
 // are cut into num_splits nearly equal runs; split `split` owns run number `split` (possibly

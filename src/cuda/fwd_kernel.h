@@ -175,20 +175,25 @@ __device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const Ct
 // ---- loads, one (row, 16-byte chunk) pair per cp.async --------------------------------------
 
 // Fills the smem tile sX (kRows x kHeadDim) from base + row_off(r) + column; zero-fills rows
-// whose offset is kNoRow and columns >= head_dim.
+// whose offset is kNoRow and columns >= head_dim. The smem side is partitioned by CuTe (static
+// per-thread offsets into the swizzled layout); the global side is one offset per row.
 template <class Traits, int kRows, class SmemTensor, class RowOff>
 __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
                                           int head_dim, int tid, RowOff row_off) {
-  constexpr int kChunks = Traits::kChunksPerRow;
-  constexpr int kIters = kRows * kChunks / Traits::kNThreads;
+  typename Traits::GmemTiledCopy gmem_copy;
+  auto thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tXsX = thr_copy.partition_D(sX);  // (CPY, CPY_M, CPY_K)
+  Tensor cX = make_identity_tensor(Shape<Int<kRows>, Int<Traits::kHeadDim>>{});
+  Tensor tXcX = thr_copy.partition_D(cX);  // (CPY, CPY_M, CPY_K) -> (row, col)
   CUTE_UNROLL
-  for (int it = 0; it < kIters; ++it) {
-    const int idx = tid + it * Traits::kNThreads;
-    const int r = idx / kChunks;
-    const int col = (idx % kChunks) * Traits::kElemsPerChunk;
-    const int64_t off = row_off(r);
-    const bool valid = off != kNoRow && col < head_dim;
-    cp_async_16(&sX(r, col), valid ? base + off + col : base, valid);
+  for (int m = 0; m < size<1>(tXsX); ++m) {
+    const int64_t off = row_off(get<0>(tXcX(0, m, 0)));
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tXsX); ++k) {
+      const int col = get<1>(tXcX(0, m, k));
+      const bool valid = off != kNoRow && col < head_dim;
+      cp_async_16(&tXsX(0, m, k), valid ? base + off + col : base, valid);
+    }
   }
 }
 
@@ -214,26 +219,9 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
     const int64_t row0 = kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
                                        row_stride, kIsV ? p.v_head_stride : p.k_head_stride, c.hk);
     const int rows_valid = c.seq.seqlen_k - j0;
-    const typename Traits::Element* tile = base + row0;
-    const int64_t max_off = int64_t(Traits::kBlockN) * row_stride + Traits::kHeadDim;
-    if (max_off <= INT32_MAX) {
-      // 32-bit row offsets within the tile: fewer instructions per copy.
-      const int rs = static_cast<int>(row_stride);
-      constexpr int kChunks = Traits::kChunksPerRow;
-      constexpr int kIters = Traits::kBlockN * kChunks / Traits::kNThreads;
-      CUTE_UNROLL
-      for (int it = 0; it < kIters; ++it) {
-        const int idx = tid + it * Traits::kNThreads;
-        const int r = idx / kChunks;
-        const int col = (idx % kChunks) * Traits::kElemsPerChunk;
-        const bool valid = r < rows_valid && col < p.head_dim;
-        cp_async_16(&sX(r, col), tile + (valid ? r * rs + col : 0), valid);
-      }
-    } else {
-      load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, [&](int r) {
-        return r < rows_valid ? row0 + r * row_stride : kNoRow;
-      });
-    }
+    load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, [&](int r) {
+      return r < rows_valid ? row0 + r * row_stride : kNoRow;
+    });
   } else {
     load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, [&](int r) {
       return kIsV ? kv_off[r].v : kv_off[r].k;
@@ -507,16 +495,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   __syncthreads();
 
   Element* o = static_cast<Element*>(p.o);
-  constexpr int kChunks = Traits::kChunksPerRow;
-  constexpr int kIters = kBlockM * kChunks / Traits::kNThreads;
+  typename Traits::GmemTiledCopy gmem_copy;
+  auto thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tOsO = thr_copy.partition_S(sO);  // (CPY, CPY_M, CPY_K)
+  Tensor tOcO_g = thr_copy.partition_S(cO);  // (CPY, CPY_M, CPY_K) -> (row, col)
   CUTE_UNROLL
-  for (int it = 0; it < kIters; ++it) {
-    const int idx = tid + it * Traits::kNThreads;
-    const int r = idx / kChunks;
-    const int col = (idx % kChunks) * Traits::kElemsPerChunk;
-    const int64_t off = o_off[r];
-    if (off != kNoRow && col < p.head_dim) {
-      *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&sO(r, col));
+  for (int m = 0; m < size<1>(tOsO); ++m) {
+    const int64_t off = o_off[get<0>(tOcO_g(0, m, 0))];
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOsO); ++k) {
+      const int col = get<1>(tOcO_g(0, m, k));
+      if (off != kNoRow && col < p.head_dim) {
+        *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&tOsO(0, m, k));
+      }
     }
   }
 }

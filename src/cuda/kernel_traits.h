@@ -17,9 +17,10 @@ namespace cuda {
 template <int kHeadDim>
 struct FwdTileConfig;
 
-// d <= 64: the 128x128 S tile keeps 4 warps busy with little per-tile overhead.
+// d = 32: the 128x128 S tile keeps 4 warps busy with little per-tile overhead (254 regs, no spill).
 template <> struct FwdTileConfig<32> { static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4; };
-template <> struct FwdTileConfig<64> { static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4; };
+// d = 64: 128x128 (FA2's choice) spills ~800 bytes with nvcc 13.0; 128x64 uses 228 registers.
+template <> struct FwdTileConfig<64> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
 // d = 96, 128: 128x64 with 4 warps: 64 KB (d=128) of smem, <= 255 registers, 2 CTAs per SM.
 template <> struct FwdTileConfig<96> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
 template <> struct FwdTileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
@@ -58,8 +59,6 @@ struct FwdTraits {
   static_assert(kHeadDim % 32 == 0, "head dim instances are multiples of 32");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA slabs");
   static_assert(kBlockN % 16 == 0, "K/V tiles are whole MMA K steps");
-  static_assert((kBlockM * kChunksPerRow) % kNThreads == 0, "Q/O tile chunks split evenly");
-  static_assert((kBlockN * kChunksPerRow) % kNThreads == 0, "K/V tile chunks split evenly");
 
   // ---- MMA: kNWarps warps stacked along M, each a 16-row slab; N/K tiled by 16 so that
   // ldmatrix.x4 feeds whole 16x16 B fragments.
@@ -85,6 +84,21 @@ struct FwdTraits {
                                         cute::GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutVt{}));
   using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's buffer
+
+  // ---- global <-> shared copies: each thread moves 16-byte chunks; a row of kBlockKSmem
+  // elements is spread over kGmemThreadsPerRow threads, the rest of the CTA takes other rows.
+  // Only used to partition smem (static per-thread offsets); the global side is gathered per row.
+  static constexpr int kGmemThreadsPerRow = kBlockKSmem / kElemsPerChunk;
+  static_assert(kNThreads % kGmemThreadsPerRow == 0, "whole rows per pass");
+  static constexpr int kGmemRowsPerPass = kNThreads / kGmemThreadsPerRow;
+  static_assert(kBlockM % kGmemRowsPerPass == 0 && kBlockN % kGmemRowsPerPass == 0,
+                "tiles are whole passes");
+  using GmemLayoutAtom =
+      cute::Layout<cute::Shape<cute::Int<kGmemRowsPerPass>, cute::Int<kGmemThreadsPerRow>>,
+                   cute::Stride<cute::Int<kGmemThreadsPerRow>, cute::_1>>;
+  using GmemTiledCopy = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemLayoutAtom{},
+      cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPerChunk>>>{}));
 
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
