@@ -146,11 +146,11 @@ void check_head_dim(const Tensor& q, int d) {
   }
 }
 
-void check_heads(int heads, int heads_k) {
+void check_heads(int heads, int heads_k, const char* k_name) {
   if (heads < 1) fail("q", "must have at least one head", str(heads));
-  if (heads_k < 1) fail("k", "must have at least one head", str(heads_k));
+  if (heads_k < 1) fail(k_name, "must have at least one head", str(heads_k));
   if (heads % heads_k != 0) {
-    fail("k", "query heads must be a multiple of key/value heads (" + str(heads) + ")",
+    fail(k_name, "query heads must be a multiple of key/value heads (" + str(heads) + ")",
          str(heads_k) + " heads");
   }
 }
@@ -213,32 +213,34 @@ void check_out(const Tensor& out, const Tensor& q) {
   check_cuda_alignment(out, "out");
 }
 
-void check_q_k_v(const Tensor& q, const Tensor& k, const Tensor& v) {
+void check_q_k_v(const Tensor& q, const Tensor& k, const Tensor& v, const char* k_name,
+                 const char* v_name) {
   require_defined(q, "q");
   check_storage_dtype(q);
   require_last_dim_contiguous(q, "q");
-  check_like_q(k, "k", q);
-  check_like_q(v, "v", q);
-  if (k.ndim != v.ndim) fail("v", "must have k's shape " + shape_string(k), shape_string(v));
+  check_like_q(k, k_name, q);
+  check_like_q(v, v_name, q);
+  const std::string k_shape = std::string("must have ") + k_name + "'s shape " + shape_string(k);
+  if (k.ndim != v.ndim) fail(v_name, k_shape, shape_string(v));
   for (int i = 0; i < k.ndim; ++i) {
-    if (k.shape[i] != v.shape[i]) fail("v", "must have k's shape " + shape_string(k), shape_string(v));
+    if (k.shape[i] != v.shape[i]) fail(v_name, k_shape, shape_string(v));
   }
   check_cuda_alignment(q, "q");
-  check_cuda_alignment(k, "k");
-  check_cuda_alignment(v, "v");
+  check_cuda_alignment(k, k_name);
+  check_cuda_alignment(v, v_name);
 }
 
 // ---- paging ---------------------------------------------------------------------------------
 
 // block_table (b, max_pages) int32 over a paged cache (num_pages, page_size, hk, d).
 void check_block_table(const Tensor& bt, const Tensor& q, const Tensor& cache, int batch,
-                       const char* name) {
+                       const char* name, const char* cache_name) {
   require_dtype(bt, name, DType::i32);
   require_same_device(bt, name, q);
   require_ndim(bt, name, 2, "(batch, max_pages)");
   require_dim(bt, name, 0, batch, "the batch size");
   require_last_dim_contiguous(bt, name);
-  if (cache.shape[1] < 1) fail("k", "page size (dim 1 of a paged cache) must be >= 1", shape_string(cache));
+  if (cache.shape[1] < 1) fail(cache_name, "page size (dim 1 of a paged cache) must be >= 1", shape_string(cache));
   const int* table = host_ints(bt);
   if (!table) return;
   const int64_t num_pages = cache.shape[0];
@@ -261,7 +263,7 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const AttentionOptions& options) {
   require_defined(q, "q");
   require_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
-  check_q_k_v(q, k, v);
+  check_q_k_v(q, k, v, "k", "v");
   require_ndim(k, "k", 4, "(batch, seqlen_k, heads_k, head_dim)");
   Problem p;
   p.device = q.device;
@@ -275,7 +277,7 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   p.heads_k = int(k.shape[2]);
   require_dim(k, "k", 0, p.batch, "q's batch size");
   require_dim(k, "k", 3, p.head_dim, "q's head dim");
-  check_heads(p.heads, p.heads_k);
+  check_heads(p.heads, p.heads_k, "k");
   check_head_dim(q, p.head_dim);
   check_out(out, q);
   check_options(options, q, p, 0);
@@ -286,7 +288,7 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const VarlenArgs& args, const AttentionOptions& options) {
   require_defined(q, "q");
   require_ndim(q, "q", 3, "(total_q, heads, head_dim)");
-  check_q_k_v(q, k, v);
+  check_q_k_v(q, k, v, "k", "v");
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
@@ -313,13 +315,13 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
     p.page_size = int(k.shape[1]);
     p.heads_k = int(k.shape[2]);
     require_dim(k, "k", 3, p.head_dim, "q's head dim");
-    check_block_table(args.block_table, q, k, p.batch, "block_table");
+    check_block_table(args.block_table, q, k, p.batch, "block_table", "k");
   } else {
     require_ndim(k, "k", 3, "(total_k, heads_k, head_dim)");
     p.heads_k = int(k.shape[1]);
     require_dim(k, "k", 2, p.head_dim, "q's head dim");
   }
-  check_heads(p.heads, p.heads_k);
+  check_heads(p.heads, p.heads_k, "k");
   check_head_dim(q, p.head_dim);
   check_out(out, q);
   check_options(options, q, p, q.shape[0]);
@@ -369,7 +371,7 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
   require_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
   require_defined(k_cache, "k_cache");
   require_defined(v_cache, "v_cache");
-  check_q_k_v(q, k_cache, v_cache);
+  check_q_k_v(q, k_cache, v_cache, "k_cache", "v_cache");
   require_ndim(k_cache, "k_cache", 4, "(batch_cache, seqlen_cache, heads_k, head_dim) or (num_pages, page_size, heads_k, head_dim)");
   Problem p;
   p.device = q.device;
@@ -383,7 +385,7 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
   p.head_dim = int(q.shape[3]);
   p.heads_k = int(k_cache.shape[2]);
   require_dim(k_cache, "k_cache", 3, p.head_dim, "q's head dim");
-  check_heads(p.heads, p.heads_k);
+  check_heads(p.heads, p.heads_k, "k_cache");
   check_head_dim(q, p.head_dim);
   check_out(out, q);
 
@@ -392,7 +394,7 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
       fail("cache_batch_idx", "cannot be combined with block_table (the table maps batches to pages)", "both given");
     }
     p.page_size = int(k_cache.shape[1]);
-    check_block_table(args.block_table, q, k_cache, p.batch, "block_table");
+    check_block_table(args.block_table, q, k_cache, p.batch, "block_table", "k_cache");
     p.seqlen_k = int(args.block_table.shape[1]) * p.page_size;
   } else {
     p.seqlen_k = int(k_cache.shape[1]);

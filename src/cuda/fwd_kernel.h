@@ -8,8 +8,9 @@
 //
 // Per key tile n (walked from the last visible tile down):
 //   wait K[n]; issue V[n]  |  S = Q K^T  |  score transform, ALiBi, mask (edge tiles only)
-//   wait V[n]; issue K[n-1]  |  online softmax (exp2)  |  O += P V
-// so V[n] streams in under Q K^T and K[n-1] under the softmax and P V (FA2's pipeline).
+//   wait V[n]  |  online softmax (exp2)  |  issue K[n-1]  |  O += P V
+// so V[n] streams in under Q K^T and K[n-1] under P V and the next tile's wait (FA2's pipeline,
+// with K issued after the softmax to keep the fp32 scores and the copy addresses apart).
 #pragma once
 
 #include <cmath>
@@ -99,7 +100,8 @@ __device__ __forceinline__ void gemm_ss(Acc& acc, RA& tCrA, RB& tCrB, const SA& 
   }
 }
 
-// acc += A(registers) * B(smem).
+// acc += A(registers) * B(smem). (Prefetching the next k-step's B fragment, as gemm_ss does,
+// measured the same at d = 128 and costs registers.)
 template <class Acc, class RA, class RB, class SB, class TiledMma, class CopyB, class ThrCopyB>
 __device__ __forceinline__ void gemm_rs(Acc& acc, const RA& tCrA, RB& tCrB, const SB& tCsB,
                                         TiledMma tiled_mma, CopyB copy_b, ThrCopyB thr_copy_b) {
@@ -131,10 +133,11 @@ __device__ __forceinline__ PackedRow tile_row_query(const AttnParams& p, const C
 
 // ---- row addressing ------------------------------------------------------------------------
 //
-// The element offset of every row a CTA touches is computed once, by one thread per row, through
-// rules.h (q_offset, o_offset, kv_row_offset: one page-table lookup and division per row), and
-// kept in a small smem table; the copy loops then only add a column. This keeps the per-row
-// rules (paging, varlen, leftpad, packed GQA) out of the register-hungry mainloop.
+// The element offset of every Q/O row, and of every K/V row when K/V is paged, is computed once,
+// by one thread per row, through rules.h (q_offset, o_offset, kv_row_offset: one page-table
+// lookup and division per row), and kept in a small smem table; the copy loops then only add a
+// column. This keeps the per-row rules (paging, varlen, leftpad, packed GQA) out of the
+// register-hungry mainloop. Contiguous K/V needs no table (see load_kv).
 constexpr int64_t kNoRow = -1;  // row outside the sequence: zero-filled / not stored
 
 struct KvRowOffsets {

@@ -54,7 +54,6 @@ struct FwdTraits {
   // One cp.async moves 16 bytes = 8 elements ("a chunk") of one row.
   static constexpr int kChunkBytes = 16;
   static constexpr int kElemsPerChunk = kChunkBytes / int(sizeof(Element));
-  static constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;
 
   static_assert(kHeadDim % 32 == 0, "head dim instances are multiples of 32");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA slabs");
