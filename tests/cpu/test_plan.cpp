@@ -24,7 +24,7 @@ constexpr size_t kAlign = 256;
 int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 // Rows per K/V tile of the split walk: rules.h splitkv_block_n (TEAM.md), which follows the
 // CUDA kernel tile (kBlockN). Update here if the kernel tile changes.
-int block_n(int d) { return d <= 64 ? 128 : 64; }
+int block_n(int d) { return d <= 32 ? 128 : 64; }
 
 int fa2_splits(int64_t work, int processors, int key_tiles) {
   if (key_tiles <= 1 || work >= kFillFraction * processors) return 1;
