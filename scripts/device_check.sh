@@ -1,38 +1,53 @@
 #!/usr/bin/env bash
-# The one GPU job: run on the H200 machine (device tool) from the repo root, with the build
-# folder made here carried along (build/gpu-h200 by default). Stages, in order, any subset:
-#   test      ctest -L gpu (the GPU sweep) on the carried build
-#   python    build the nanobind extension there against the carried library, pytest -m gpu
-#   sanitize  compute-sanitizer memcheck + racecheck on a representative subset
+# The one GPU job. Here (no GPU): `bash scripts/device_check.sh --prepare` builds the gpu-h200
+# preset and stages what the GPU machine needs in .carry/ (install prefix + GPU test binary).
+# There (device tool, carry [".carry"]): `bash scripts/device_check.sh STAGE...`, stages in order:
+#   pyext     build the nanobind extension against the carried library (needed by bench/pytest)
+#   test      the GPU sweep (tests/gpu, every compiled instance) in one process
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn)
-# Logs, JSON and PNG go to $OUT. Example:
-#   bash scripts/device_check.sh test python sanitize bench
+#   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check)
+#   pytest    pytest -m gpu (torch, CuPy, JAX, CUDA graph capture of a paged decode step)
+# Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: all stages.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-out}"
-BUILD="${BUILD:-build/gpu-h200}"
+PRESET="${PRESET:-gpu-h200}"
+CARRY=.carry
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  cmake --preset "$PRESET" >/dev/null
+  cmake --build --preset "$PRESET" -j "${JOBS:-2}"
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  cmake --install "build/$PRESET" --prefix "$CARRY/prefix" >/dev/null
+  cp "build/$PRESET/tests/flashattn_tests_gpu" "$CARRY/"
+  strip "$CARRY/flashattn_tests_gpu" "$CARRY/prefix/bin/flashattn" 2>/dev/null || true
+  du -sh "$CARRY"
+  exit 0
+fi
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(test python sanitize bench)
+[ ${#stages[@]} -eq 0 ] && stages=(pyext test bench sanitize pytest)
 
-# The carried build tree holds absolute paths of the development machine (/work/main/...).
-if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
-cd /work/main
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-CLI="$BUILD/tools/flashattn"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+PREFIX="$PWD/$CARRY/prefix"
+CLI="$PREFIX/bin/flashattn"
+export LD_LIBRARY_PATH="$PREFIX/lib:${LD_LIBRARY_PATH:-}"
+export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
 status=0
 
 stage_test() {
-  (cd "$BUILD" && ctest -L gpu --output-on-failure -j 4) 2>&1 | tee "$OUT/ctest-gpu.log" | tail -n 30
+  "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
   return "${PIPESTATUS[0]}"
 }
 
-stage_python() {
-  cmake --install "$BUILD" --prefix /tmp/fa-prefix >/dev/null || return 1
-  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT=/tmp/fa-prefix \
-    -DPython_EXECUTABLE="$(command -v python3)" >"$OUT/python-build.log" 2>&1 &&
-    cmake --build /tmp/fa-ext -j 16 >>"$OUT/python-build.log" 2>&1 || { tail -n 30 "$OUT/python-build.log"; return 1; }
-  export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/python 2>&1 | tee "$OUT/pytest-gpu.log" | tail -n 20
+stage_pyext() {
+  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT="$PREFIX" \
+    -DPython_EXECUTABLE="$(command -v python3)" >/tmp/python-build.log 2>&1 &&
+    cmake --build /tmp/fa-ext -j 16 >>/tmp/python-build.log 2>&1 || { tail -n 30 /tmp/python-build.log; return 1; }
+  python3 -c "import flashattn; print(flashattn.build_info())"
+}
+
+stage_pytest() {
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/python 2>&1 | tee "$OUT/pytest-gpu.log" | tail -n 8
   return "${PIPESTATUS[0]}"
 }
 
@@ -57,9 +72,8 @@ stage_sanitize() {
 }
 
 stage_bench() {
-  export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
-  PYTHONUNBUFFERED=1 python3 bench/bench.py prefill --out "$OUT/prefill-h200.json" --plot "$OUT/prefill-h200.png" 2>"$OUT/bench-prefill.err" | tee "$OUT/bench-prefill.txt"
-  PYTHONUNBUFFERED=1 python3 bench/bench.py decode --out "$OUT/decode-h200.json" --plot "$OUT/decode-h200.png" 2>"$OUT/bench-decode.err" | tee "$OUT/bench-decode.txt"
+  PYTHONUNBUFFERED=1 python3 bench/bench.py prefill --out "$OUT/prefill-h200.json" --plot "$OUT/prefill-h200.png" 2>>"$OUT/bench.err"
+  PYTHONUNBUFFERED=1 python3 bench/bench.py decode --out "$OUT/decode-h200.json" --plot "$OUT/decode-h200.png" 2>>"$OUT/bench.err"
 }
 
 for s in "${stages[@]}"; do
