@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - triton ships with torch on the GPU mac
     do_bench = None
 
 TOKENS = 16384
+CHECK_MAX_TOKENS = 256 * 1024  # decode points checked against fp32 SDPA
 HIDDEN = 2048
 
 
@@ -115,9 +116,12 @@ def bench_decode(args):
             kwargs["block_table"] = block_table
         fn = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, **kwargs)
         out = fn()
-        ref = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
-                                             v.transpose(1, 2).float(), enable_gqa=True)
-        err = (out.float() - ref.transpose(1, 2)).abs().max().item()
+        err = float("nan")
+        if b * ctx <= CHECK_MAX_TOKENS:  # the fp32 reference expands K/V per query head
+            ref = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
+                                                 v.transpose(1, 2).float(), enable_gqa=True)
+            err = (out.float() - ref.transpose(1, 2)).abs().max().item()
+            del ref
         ours = median_ms(fn)
         nbytes = 2 * b * ctx * hk * d * 2
         tbps = lambda ms: nbytes / (ms * 1e-3) / 1e12
@@ -129,7 +133,8 @@ def bench_decode(args):
             row.update(flash_us=flash * 1e3, flash_TBps=tbps(flash), cudnn_us=cudnn * 1e3,
                        cudnn_TBps=tbps(cudnn))
         rows.append(row)
-        del q, k, v, kc, vc
+        del q, k, v, kc, vc, out
+        torch.cuda.empty_cache()
     progress(len(points), len(points), "done")
     print(file=sys.stderr)
     return rows
