@@ -59,7 +59,9 @@ Workspace workspace_layout(const Problem& p, int num_splits) {
 }
 
 int processors_of(const Problem& p, int num_threads) {
-  if (p.device == Device::cuda) return cuda::num_sms(p.device_index);
+  // Two split-KV CTAs fit on one SM (registers, shared memory), so a wave is 2 x SMs, as in
+  // FlashAttention-2's heuristic call.
+  if (p.device == Device::cuda) return kCtasPerSm * cuda::num_sms(p.device_index);
   if (num_threads > 0) return num_threads;
   return std::max(1u, std::thread::hardware_concurrency());
 }

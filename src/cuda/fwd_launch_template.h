@@ -70,9 +70,18 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream) {
   check_launch("flashattn fwd_kernel");
 }
 
+// Query rows one (batch, head) contributes: GQA-packed rows count h / hk per query.
+inline int64_t rows_per_head_unit(const AttnParams& p) {
+  return int64_t(p.seqlen_q) * (p.pack_gqa ? p.num_heads / p.num_heads_k : 1);
+}
+
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, cudaStream_t stream) {
-  launch_fwd<FwdTraits<Element, kHeadDim>>(params, stream);
+  if (rows_per_head_unit(params) <= kDecodeMaxRows) {
+    launch_fwd<FwdTraits<Element, kHeadDim, DecodeTileConfig<kHeadDim>>>(params, stream);
+  } else {
+    launch_fwd<FwdTraits<Element, kHeadDim>>(params, stream);
+  }
 }
 
 }  // namespace cuda

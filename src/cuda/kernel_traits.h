@@ -28,6 +28,16 @@ template <> struct FwdTileConfig<128> { static constexpr int kBlockM = 128, kBlo
 template <> struct FwdTileConfig<192> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 template <> struct FwdTileConfig<256> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 
+// Decode and short query blocks (at most kDecodeMaxRows rows per (batch, head), GQA-packed rows
+// included): 64-row tiles, 16 rows per warp, as FlashAttention-2's split-KV kernel. A 128-row
+// tile holding 4 packed rows spends twice the tensor-core time per K/V tile on empty rows, and
+// decode at batch 32 measured compute-bound that way (2.5 TB/s, docs/PERF.md).
+template <int kHeadDim>
+struct DecodeTileConfig {
+  static constexpr int kBlockM = 64, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
+};
+constexpr int kDecodeMaxRows = 64;
+
 template <typename Element>
 struct MmaAtomFor;
 template <>
@@ -39,16 +49,16 @@ struct MmaAtomFor<cutlass::bfloat16_t> {
   using type = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 };
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
 struct FwdTraits {
   using Element = Element_;
   using ElementAccum = float;
   using index_t = int64_t;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = FwdTileConfig<kHeadDim>::kBlockM;  // query rows per CTA
-  static constexpr int kBlockN = FwdTileConfig<kHeadDim>::kBlockN;  // key rows per K/V tile
-  static constexpr int kNWarps = FwdTileConfig<kHeadDim>::kNWarps;
+  static constexpr int kBlockM = TileConfig::kBlockM;  // query rows per CTA
+  static constexpr int kBlockN = TileConfig::kBlockN;  // key rows per K/V tile
+  static constexpr int kNWarps = TileConfig::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
 
   // One cp.async moves 16 bytes = 8 elements ("a chunk") of one row.
