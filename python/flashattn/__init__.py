@@ -5,7 +5,7 @@ The calls mirror flash_attn v2.8 (``flash_attn_func``, ``flash_attn_varlen_func`
 (CPU and CUDA), CuPy and JAX (CUDA). See ``flashattn.interface`` for the differences from
 flash_attn and ``flashattn._frameworks`` for how outputs, streams and JAX are handled.
 """
-from . import _C
+from . import _C, interface
 from .interface import (
     KVCachePlan,
     allocate_workspace,
@@ -34,19 +34,4 @@ def build_info() -> str:
     return _C.build_info()
 
 
-__all__ = [
-    "flash_attn_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_with_kvcache",
-    "plan_kvcache",
-    "allocate_workspace",
-    "KVCachePlan",
-    "set_num_threads",
-    "get_num_threads",
-    "cuda_available",
-    "build_info",
-]
+__all__ = interface.__all__ + ["cuda_available", "build_info"]
