@@ -72,7 +72,8 @@ Plan make_plan(const Problem& p, int requested_splits, int processors) {
   const int group = p.heads / p.heads_k;
   const int rows = plan.pack_gqa ? p.seqlen_q * group : p.seqlen_q;
   const int heads = plan.pack_gqa ? p.heads_k : p.heads;
-  const int64_t work_tiles = int64_t(p.batch) * heads * ceil_div(std::max(rows, 1), kPlanBlockM);
+  const int64_t work_tiles =
+      int64_t(p.batch) * heads * ceil_div(std::max(rows, 1), query_tile_rows_for(rows));
   const int key_tiles = ceil_div(std::max(p.seqlen_k, 1), splitkv_block_n(p.head_dim));
   if (requested_splits > 0) {
     plan.num_splits = std::min(requested_splits, kMaxSplits);

@@ -8,8 +8,6 @@
 
 namespace flashattn {
 
-// Query rows of one tile in the split-KV / decode work decomposition.
-constexpr int kPlanBlockM = 64;
 // GQA packing pays when a query tile would otherwise be mostly empty.
 constexpr int kPackGqaMaxSeqlenQ = 64;
 // FlashAttention-2's rule: with work for >= 80% of the processors, do not split.

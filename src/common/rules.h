@@ -121,6 +121,23 @@ FA_HD PackedRow unpack_row(const AttnParams& p, int r, int hk) {
   return PackedRow{r / g, hk * g + r % g};
 }
 
+// ---- query tiles -------------------------------------------------------------------------
+
+// Query rows per tile of the forward walk, the same on both backends (a tile's visible key
+// range, and so its split-KV boundaries, depend on it): short query blocks — decode, GQA-packed
+// rows included — use 64-row tiles, everything else 128 (src/cuda/kernel_traits.h).
+constexpr int kQueryTileRowsShort = 64;
+constexpr int kQueryTileRows = 128;
+
+// rows: query rows of one (batch, head) — or (batch, KV head) with pack_gqa — at most.
+FA_HD int query_tile_rows_for(int64_t rows) {
+  return rows <= kQueryTileRowsShort ? kQueryTileRowsShort : kQueryTileRows;
+}
+
+FA_HD int query_tile_rows(const AttnParams& p) {
+  return query_tile_rows_for(int64_t(p.seqlen_q) * (p.pack_gqa ? p.num_heads / p.num_heads_k : 1));
+}
+
 // ---- split-KV ----------------------------------------------------------------------------
 
 // Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at

@@ -19,11 +19,11 @@ namespace flashattn {
 namespace cpu {
 namespace {
 
-// Query rows per tile (pack_gqa: (query, head) rows). Equal to the CUDA kernel's kBlockM
-// (src/cuda/kernel_traits.h, FwdTileConfig: 128 for every head dim) because a tile's visible
-// key range, and so its split-KV boundaries, depend on it. One worker's scratch (128 x 128
-// scores, 128 x d accumulator, one K/V tile) stays within L2.
-constexpr int kBlockM = 128;
+// Most query rows per tile (pack_gqa: (query, head) rows); the call's tile height is
+// rules.h query_tile_rows (64 or 128), as in the CUDA kernel, because a tile's visible key range,
+// and so its split-KV boundaries, depend on it. One worker's scratch (128 x 128 scores,
+// 128 x d accumulator, one K/V tile) stays within L2.
+constexpr int kBlockM = kQueryTileRows;
 // Width of the register tiles of the two products (keys for q·k, columns for p·v). 16 fp32
 // fill four SSE / two AVX registers, so an accumulator row stays in registers over the loop
 // (measured: 800x800, d=256, b=2, h=4 bf16 runs at ~40 GFLOP/s on 2 cores).
@@ -102,8 +102,9 @@ int kv_head_of(const AttnParams& p, const WorkItem& w) {
 
 // Fills ws.rows for the tile's rows and returns how many there are.
 int tile_rows(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, Scratch& ws) {
-  const int first = w.m_block * kBlockM;
-  const int count = std::min(kBlockM, tile_row_count(p, seq) - first);
+  const int block_m = query_tile_rows(p);
+  const int first = w.m_block * block_m;
+  const int count = std::min(block_m, tile_row_count(p, seq) - first);
   const int hk = kv_head_of(p, w);
   for (int r = 0; r < count; ++r) {
     TileRow& row = ws.rows[r];
@@ -316,7 +317,7 @@ std::vector<WorkItem> work_items(const AttnParams& p) {
   const int splits = std::max(p.num_splits, 1);
   for (int b = 0; b < p.batch; ++b) {
     const SeqInfo seq = seq_info(p, b);
-    const int m_blocks = ceil_div(tile_row_count(p, seq), kBlockM);
+    const int m_blocks = ceil_div(tile_row_count(p, seq), query_tile_rows(p));
     for (int unit = 0; unit < units; ++unit) {
       for (int m_block = 0; m_block < m_blocks; ++m_block) {
         for (int split = 0; split < splits; ++split) items.push_back({b, unit, m_block, split});

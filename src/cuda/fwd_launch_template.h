@@ -70,17 +70,17 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream) {
   check_launch("flashattn fwd_kernel");
 }
 
-// Query rows one (batch, head) contributes: GQA-packed rows count h / hk per query.
-inline int64_t rows_per_head_unit(const AttnParams& p) {
-  return int64_t(p.seqlen_q) * (p.pack_gqa ? p.num_heads / p.num_heads_k : 1);
-}
-
+// rules.h query_tile_rows picks the tile height; the CPU backend walks the same tiles.
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, cudaStream_t stream) {
-  if (rows_per_head_unit(params) <= kDecodeMaxRows) {
-    launch_fwd<FwdTraits<Element, kHeadDim, DecodeTileConfig<kHeadDim>>>(params, stream);
+  using Decode = FwdTraits<Element, kHeadDim, DecodeTileConfig<kHeadDim>>;
+  using Default = FwdTraits<Element, kHeadDim>;
+  static_assert(Decode::kBlockM == kQueryTileRowsShort && Default::kBlockM == kQueryTileRows,
+                "tile heights follow rules.h query_tile_rows");
+  if (query_tile_rows(params) == kQueryTileRowsShort) {
+    launch_fwd<Decode>(params, stream);
   } else {
-    launch_fwd<FwdTraits<Element, kHeadDim>>(params, stream);
+    launch_fwd<Default>(params, stream);
   }
 }
 

@@ -28,15 +28,14 @@ template <> struct FwdTileConfig<128> { static constexpr int kBlockM = 128, kBlo
 template <> struct FwdTileConfig<192> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 template <> struct FwdTileConfig<256> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 
-// Decode and short query blocks (at most kDecodeMaxRows rows per (batch, head), GQA-packed rows
-// included): 64-row tiles, 16 rows per warp, as FlashAttention-2's split-KV kernel. A 128-row
+// Decode and short query blocks (rules.h query_tile_rows: at most 64 rows per (batch, head),
+// GQA-packed rows included): 64-row tiles, 16 rows per warp, as FlashAttention-2's split-KV kernel. A 128-row
 // tile holding 4 packed rows spends twice the tensor-core time per K/V tile on empty rows, and
 // decode at batch 32 measured compute-bound that way (2.5 TB/s, docs/PERF.md).
 template <int kHeadDim>
 struct DecodeTileConfig {
   static constexpr int kBlockM = 64, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
 };
-constexpr int kDecodeMaxRows = 64;
 
 template <typename Element>
 struct MmaAtomFor;

@@ -15,7 +15,8 @@ using flashattn::DType;
 using flashattn::Tensor;
 
 // Rules restated from DESIGN.md / docs/TEAM.md / FlashAttention-2.
-constexpr int kBlockM = 64;                  // query rows per tile of the decode decomposition
+// Query rows per tile: 64 for short query blocks (<= 64 rows per unit), else 128.
+int tile_rows(int rows) { return rows <= 64 ? 64 : 128; }
 constexpr int kPackGqaMaxSeqlenQ = 64;       // GQA packing when sq <= this
 constexpr double kFillFraction = 0.8;        // no split once 80% of the processors have work
 constexpr double kEfficiencyFraction = 0.85; // fewest splits within 85% of the best efficiency
@@ -112,7 +113,7 @@ TEST(Plan, HeuristicFollowsWaveEfficiencyRule) {
               s.b = b, s.h = h, s.hk = hk, s.sq = sq, s.capacity = capacity, s.d = d;
               const bool pack = h > hk && sq <= kPackGqaMaxSeqlenQ;
               const int rows = pack ? sq * (h / hk) : sq;
-              const int64_t work = int64_t(b) * (pack ? hk : h) * ceil_div(rows, kBlockM);
+              const int64_t work = int64_t(b) * (pack ? hk : h) * ceil_div(rows, tile_rows(rows));
               const int expected = fa2_splits(work, threads, ceil_div(capacity, block_n(d)));
               const flashattn::Plan p = Problem(s, threads).plan();
               ASSERT_EQ(p.num_splits, expected)
