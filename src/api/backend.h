@@ -24,7 +24,7 @@ bool supports(DType dtype, int head_dim);  // an instance is compiled for this c
 void run_attention(const AttnParams& params, void* stream);
 void run_append(const AppendParams& params, void* stream);
 // Scratch for calls that were not given a workspace (freed after the call, stream-ordered).
-void* allocate(size_t bytes, void* stream);
+void* allocate(size_t bytes, void* stream, int device_index);
 void release(void* ptr, void* stream);
 std::string compiled_instances();  // "bf16: 64 128; fp16: 64 128" for build_info()
 }  // namespace cuda

@@ -16,13 +16,12 @@ namespace {
 // Scratch for one call: the caller's workspace, or memory owned by this object.
 class Scratch {
  public:
-  Scratch(const Problem& p, size_t bytes, void* given, void* stream)
-      : device_(p.device), stream_(stream) {
+  Scratch(const Problem& p, size_t bytes, void* given, void* stream) : stream_(stream) {
     if (bytes == 0) return;
     if (given) {
       base_ = static_cast<char*>(given);
-    } else if (device_ == Device::cuda) {
-      base_ = static_cast<char*>(cuda::allocate(bytes, stream));
+    } else if (p.device == Device::cuda) {
+      base_ = static_cast<char*>(cuda::allocate(bytes, stream, p.device_index));
       owned_ = true;
     } else {
       host_.reset(new char[bytes + kWorkspaceAlign]);
@@ -38,7 +37,6 @@ class Scratch {
   char* at(size_t offset) const { return base_ + offset; }
 
  private:
-  Device device_;
   void* stream_;
   char* base_ = nullptr;
   bool owned_ = false;
@@ -61,10 +59,8 @@ Strides3 strides_of(const Tensor& t) {
 void set_options(AttnParams& a, const Problem& p, const AttentionOptions& o) {
   a.softmax_scale = o.softmax_scale ? *o.softmax_scale : 1.0f / std::sqrt(float(p.head_dim));
   a.softcap = o.softcap;
-  a.causal = o.causal;
   a.window_left = o.window_left;
-  a.window_right = o.causal ? 0 : o.window_right;
-  if (o.causal && o.window_right > 0) a.window_right = 0;
+  a.window_right = o.causal ? 0 : o.window_right;  // causal = a window with right side 0
   if (o.alibi_slopes.defined()) {
     a.alibi_slopes = static_cast<const float*>(o.alibi_slopes.data);
     a.alibi_batch_stride = o.alibi_slopes.ndim == 2 ? o.alibi_slopes.stride[0] : 0;
@@ -82,6 +78,7 @@ AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const
                        const Tensor& out, const AttentionOptions& o) {
   AttnParams a;
   a.dtype = p.dtype;
+  a.device_index = p.device_index;
   a.q = q.data;
   a.k = k.data;
   a.v = v.data;
@@ -143,6 +140,7 @@ AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor&
                                 const AttentionOptions& o) {
   AppendParams ap;
   ap.dtype = p.dtype;
+  ap.device_index = p.device_index;
   ap.batch = p.batch;
   ap.num_heads = p.heads;
   ap.num_heads_k = p.heads_k;

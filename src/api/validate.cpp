@@ -76,14 +76,15 @@ void require_dim(const Tensor& t, const char* name, int dim, int64_t expected,
   }
 }
 
-// An optional int32 index tensor of shape (n): on q's device, contiguous.
+// An optional int32 index tensor of shape (n): on q's device, contiguous. n_meaning names n
+// ("batch" or "batch + 1").
 void check_index_vector(const Tensor& t, const char* name, const Tensor& q, int64_t n,
-                        const std::string& meaning) {
+                        const std::string& n_meaning) {
   if (!t.defined()) return;
   require_dtype(t, name, DType::i32);
   require_same_device(t, name, q);
-  require_ndim(t, name, 1, meaning.c_str());
-  require_dim(t, name, 0, n, "the batch size" + std::string(n == 0 ? "" : ""));
+  require_ndim(t, name, 1, ("(" + n_meaning + ")").c_str());
+  require_dim(t, name, 0, n, n_meaning);
   if (t.data == nullptr && n > 0) fail(name, "has no data pointer", "nullptr");
   require_last_dim_contiguous(t, name);
 }
@@ -302,10 +303,10 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
   require_ndim(args.cu_seqlens_q, "cu_seqlens_q", 1, "(batch + 1)");
   if (args.cu_seqlens_q.shape[0] < 1) fail("cu_seqlens_q", "must have batch + 1 >= 1 entries", shape_string(args.cu_seqlens_q));
   p.batch = int(args.cu_seqlens_q.shape[0] - 1);
-  check_index_vector(args.cu_seqlens_q, "cu_seqlens_q", q, p.batch + 1, "(batch + 1)");
-  check_index_vector(args.cu_seqlens_k, "cu_seqlens_k", q, p.batch + 1, "(batch + 1)");
-  check_index_vector(args.seqused_k, "seqused_k", q, p.batch, "(batch)");
-  check_index_vector(args.leftpad_k, "leftpad_k", q, p.batch, "(batch)");
+  check_index_vector(args.cu_seqlens_q, "cu_seqlens_q", q, p.batch + 1, "batch + 1");
+  check_index_vector(args.cu_seqlens_k, "cu_seqlens_k", q, p.batch + 1, "batch + 1");
+  check_index_vector(args.seqused_k, "seqused_k", q, p.batch, "batch");
+  check_index_vector(args.leftpad_k, "leftpad_k", q, p.batch, "batch");
   if (args.max_seqlen_q < 0) fail("max_seqlen_q", "must be >= 0", str(args.max_seqlen_q));
   if (args.max_seqlen_k < 0) fail("max_seqlen_k", "must be >= 0", str(args.max_seqlen_k));
   p.seqlen_q = args.max_seqlen_q;
@@ -402,9 +403,9 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
       require_dim(k_cache, "k_cache", 0, p.batch, "q's batch size (or give cache_batch_idx)");
     }
   }
-  check_index_vector(args.cache_seqlens, "cache_seqlens", q, p.batch, "(batch)");
-  check_index_vector(args.cache_batch_idx, "cache_batch_idx", q, p.batch, "(batch)");
-  check_index_vector(args.cache_leftpad, "cache_leftpad", q, p.batch, "(batch)");
+  check_index_vector(args.cache_seqlens, "cache_seqlens", q, p.batch, "batch");
+  check_index_vector(args.cache_batch_idx, "cache_batch_idx", q, p.batch, "batch");
+  check_index_vector(args.cache_leftpad, "cache_leftpad", q, p.batch, "batch");
 
   // appended keys and values
   if (args.k_new.defined() != args.v_new.defined()) {

@@ -24,6 +24,7 @@ namespace flashattn {
 
 struct AttnParams {
   DType dtype = DType::bf16;  // storage type of q, k, v, out (f16, bf16; CPU also f32)
+  int device_index = 0;       // CUDA device holding every tensor (the API checked they agree)
 
   // ---- tensors -------------------------------------------------------------------------
   const void* q = nullptr;
@@ -60,7 +61,6 @@ struct AttnParams {
   // ---- score function and masks ------------------------------------------------------------
   float softmax_scale = 1.0f;   // multiplies q·k
   float softcap = 0.0f;         // > 0: s = softcap * tanh(q·k * scale / softcap)
-  bool causal = false;          // informational; folded into window_right = 0
   int window_left = -1;         // -1 = unbounded
   int window_right = -1;        // -1 = unbounded
   const float* alibi_slopes = nullptr;  // (h) or (b, h)
@@ -82,6 +82,7 @@ struct AttnParams {
 // rotary_q_per_row (causal or local), else seqused_k[b] for every query.
 struct AppendParams {
   DType dtype = DType::bf16;
+  int device_index = 0;  // CUDA device holding every tensor
   int batch = 0, num_heads = 0, num_heads_k = 0, head_dim = 0;
   int seqlen_q = 0;
   int seqlen_new = 0;  // s_new; 0 = nothing to append

@@ -106,16 +106,14 @@ const char* dtype_label(DType dtype) { return dtype == DType::bf16 ? "bf16" : "f
 
 // ---- device --------------------------------------------------------------------------------
 
-// Runs the launches on the device that owns the data (params carry no device index), and puts
-// the caller's current device back afterwards. No switch (and no cost) in the common case.
+// Runs the launches (and allocations) on the device that holds the tensors, and puts the
+// caller's current device back afterwards. No switch in the common case.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(const void* data) {
+  explicit DeviceGuard(int device) {
     check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    cudaPointerAttributes attr{};
-    check_cuda(cudaPointerGetAttributes(&attr, data), "cudaPointerGetAttributes");
-    if (attr.type == cudaMemoryTypeDevice && attr.device != previous_) {
-      check_cuda(cudaSetDevice(attr.device), "cudaSetDevice");
+    if (device != previous_) {
+      check_cuda(cudaSetDevice(device), "cudaSetDevice");
       switched_ = true;
     }
   }
@@ -161,7 +159,7 @@ bool supports(DType dtype, int head_dim) {
 
 void run_attention(const AttnParams& params, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  DeviceGuard guard(params.q);
+  DeviceGuard guard(params.device_index);
   bool launched = false;
   if (params.dtype == DType::bf16) {
     launched = launch_fwd<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(params, stream);
@@ -180,12 +178,13 @@ void run_attention(const AttnParams& params, void* stream_handle) {
 
 void run_append(const AppendParams& params, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  DeviceGuard guard(params.k_cache ? params.k_cache : params.q);
+  DeviceGuard guard(params.device_index);
   run_append_kernel(params, stream);
 }
 
-void* allocate(size_t bytes, void* stream_handle) {
+void* allocate(size_t bytes, void* stream_handle, int device_index) {
   if (bytes == 0) return nullptr;
+  DeviceGuard guard(device_index);  // the legacy default stream allocates on the current device
   void* ptr = nullptr;
   check_cuda(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream_handle)),
              "cudaMallocAsync");

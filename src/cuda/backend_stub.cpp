@@ -19,7 +19,7 @@ int num_sms(int /*device_index*/) { return 0; }
 bool supports(DType /*dtype*/, int /*head_dim*/) { return false; }
 void run_attention(const AttnParams& /*params*/, void* /*stream*/) { refuse("attention"); }
 void run_append(const AppendParams& /*params*/, void* /*stream*/) { refuse("kv-cache append"); }
-void* allocate(size_t /*bytes*/, void* /*stream*/) { refuse("device allocation"); }
+void* allocate(size_t /*bytes*/, void* /*stream*/, int /*device_index*/) { refuse("device allocation"); }
 void release(void* ptr, void* /*stream*/) {
   if (ptr != nullptr) refuse("device release");
 }

@@ -16,29 +16,8 @@
 namespace flashattn {
 namespace cuda {
 
-// Every row is moved in 16-byte chunks (cp.async, uint4 stores): base pointers must be 16-byte
-// aligned and every batch/row/head stride a multiple of 8 elements. The API is expected to
-// validate this; a violation reaching here would fault, so it is refused instead.
-inline void check_fwd_alignment(const AttnParams& p) {
-  constexpr int64_t kElemsPer16B = 8;
-  constexpr uintptr_t kAlignBytes = 16;
-  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignBytes == 0; };
-  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride,
-                             p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                             p.v_batch_stride, p.v_row_stride, p.v_head_stride,
-                             p.o_batch_stride, p.o_row_stride, p.o_head_stride};
-  bool ok = aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.o) && p.head_dim % 8 == 0;
-  for (int64_t s : strides) ok = ok && s % kElemsPer16B == 0;
-  if (!ok) {
-    throw Error(Error::Kind::unsupported,
-                "flashattn fwd (CUDA): q, k, v, out must be 16-byte aligned with every batch/row/head "
-                "stride a multiple of 8 elements and head_dim a multiple of 8");
-  }
-}
-
 template <class Traits>
 void launch_fwd(const AttnParams& p, cudaStream_t stream) {
-  check_fwd_alignment(p);
   if (p.num_splits > 1 && splitkv_block_n(p.head_dim) != Traits::kBlockN) {
     // The CPU backend cuts splits at splitkv_block_n-row tiles; both must cut at the same keys.
     throw Error(Error::Kind::runtime,
