@@ -6,6 +6,7 @@
 #   test      the GPU sweep (tests/gpu, every compiled instance) in one process
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn)
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check)
+#   overhead  host time against GPU time of small decode calls (bench/decode_overhead.py)
 #   pytest    pytest -m gpu (torch, CuPy, JAX, CUDA graph capture of a paged decode step)
 # Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: all stages.
 set -uo pipefail
@@ -34,9 +35,24 @@ export LD_LIBRARY_PATH="$PREFIX/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
 status=0
 
+# The sweep runs twice on Hopper: with the wgmma kernel (default) and on the mma.sync kernels
+# alone (FLASHATTN_NO_WGMMA=1), so that both paths are tested on the one GPU we have.
 stage_test() {
+  local rc=0
   "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
-  return "${PIPESTATUS[0]}"
+  rc=${PIPESTATUS[0]}
+  echo "== FLASHATTN_NO_WGMMA=1" | tee -a "$OUT/tests-gpu.log"
+  FLASHATTN_NO_WGMMA=1 "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
+  [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
+}
+
+# Host overhead against GPU time of small decode calls (bench/decode_overhead.py).
+stage_overhead() {
+  local args
+  for args in "--batch 1 --context 1024" "--batch 1 --context 4096" "--batch 1 --context 4096 --page-size 16" \
+              "--batch 8 --context 1024" "--batch 1 --context 65536"; do
+    python3 bench/decode_overhead.py $args 2>&1 | tail -n 1
+  done
 }
 
 stage_pyext() {
@@ -71,9 +87,13 @@ stage_sanitize() {
   return $rc
 }
 
+# BENCH="prefill decode" (default) picks the tables; BENCH_ARGS adds bench.py options.
 stage_bench() {
-  PYTHONUNBUFFERED=1 python3 bench/bench.py prefill --out "$OUT/prefill-h200.json" --plot "$OUT/prefill-h200.png" 2>>"$OUT/bench.err"
-  PYTHONUNBUFFERED=1 python3 bench/bench.py decode --out "$OUT/decode-h200.json" --plot "$OUT/decode-h200.png" 2>>"$OUT/bench.err"
+  local kind
+  for kind in ${BENCH:-prefill decode}; do
+    PYTHONUNBUFFERED=1 python3 bench/bench.py "$kind" ${BENCH_ARGS:-} --out "$OUT/$kind-h200.json" \
+      --plot "$OUT/$kind-h200.png" 2>>"$OUT/bench.err"
+  done
 }
 
 for s in "${stages[@]}"; do

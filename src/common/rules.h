@@ -124,13 +124,16 @@ FA_HD PackedRow unpack_row(const AttnParams& p, int r, int hk) {
 // ---- query tiles -------------------------------------------------------------------------
 
 // Query rows per tile of the forward walk, the same on both backends (a tile's visible key
-// range, and so its split-KV boundaries, depend on it): short query blocks — decode, GQA-packed
-// rows included — use 64-row tiles, everything else 128 (src/cuda/kernel_traits.h).
+// range, and so its split-KV boundaries, depend on it): decode — at most 16 rows, GQA-packed
+// rows included — uses 16-row tiles (the CUDA kernel whose warps split the keys), other short
+// query blocks 64-row tiles, everything else 128 (src/cuda/kernel_traits.h).
+constexpr int kQueryTileRowsDecode = 16;
 constexpr int kQueryTileRowsShort = 64;
 constexpr int kQueryTileRows = 128;
 
 // rows: query rows of one (batch, head) — or (batch, KV head) with pack_gqa — at most.
 FA_HD int query_tile_rows_for(int64_t rows) {
+  if (rows <= kQueryTileRowsDecode) return kQueryTileRowsDecode;
   return rows <= kQueryTileRowsShort ? kQueryTileRowsShort : kQueryTileRows;
 }
 

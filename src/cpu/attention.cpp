@@ -20,7 +20,7 @@ namespace cpu {
 namespace {
 
 // Most query rows per tile (pack_gqa: (query, head) rows); the call's tile height is
-// rules.h query_tile_rows (64 or 128), as in the CUDA kernel, because a tile's visible key range,
+// rules.h query_tile_rows (16, 64 or 128), as in the CUDA kernels, because a tile's visible key range,
 // and so its split-KV boundaries, depend on it. One worker's scratch (128 x 128 scores,
 // 128 x d accumulator, one K/V tile) stays within L2.
 constexpr int kBlockM = kQueryTileRows;

@@ -2,6 +2,7 @@
 // compiled (dtype, head dim) instance, and the launch sequence attention -> combine.
 #include <cutlass/numeric_types.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -153,6 +154,24 @@ int num_sms(int device_index) {
   return sms;
 }
 
+bool device_has_wgmma(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, bool> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device_index);
+  if (it != cache.end()) return it->second;
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index),
+             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index),
+             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
+  const char* off = std::getenv("FLASHATTN_NO_WGMMA");
+  const bool disabled = off != nullptr && std::string(off) == "1";
+  const bool result = major == 9 && minor == 0 && !disabled;
+  cache[device_index] = result;
+  return result;
+}
+
 bool supports(DType dtype, int head_dim) {
   return head_dim > 0 && smallest_compiled(dtype, head_dim) > 0;
 }
@@ -182,12 +201,41 @@ void run_append(const AppendParams& params, void* stream_handle) {
   run_append_kernel(params, stream);
 }
 
+namespace {
+
+// Scratch comes from one memory pool per device owned by the library, whose release threshold
+// is "never": freed blocks stay in the pool across stream synchronisations, so a call without a
+// caller workspace costs a pool lookup, not a fresh device allocation (the device's default
+// pool has release threshold 0: it gives memory back at synchronisations and maps it again on
+// the next call; docs/PERF.md, decode). The pools live until the process ends.
+cudaMemPool_t scratch_pool(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = pools.find(device_index);
+  if (found != pools.end()) return found->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device_index;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+  uint64_t keep_everything = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything),
+             "cudaMemPoolSetAttribute(release threshold)");
+  pools.emplace(device_index, pool);
+  return pool;
+}
+
+}  // namespace
+
 void* allocate(size_t bytes, void* stream_handle, int device_index) {
   if (bytes == 0) return nullptr;
   DeviceGuard guard(device_index);  // the legacy default stream allocates on the current device
   void* ptr = nullptr;
-  check_cuda(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream_handle)),
-             "cudaMallocAsync");
+  check_cuda(cudaMallocFromPoolAsync(&ptr, bytes, scratch_pool(device_index),
+                                     static_cast<cudaStream_t>(stream_handle)),
+             "cudaMallocFromPoolAsync");
   return ptr;
 }
 

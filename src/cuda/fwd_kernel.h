@@ -183,6 +183,7 @@ __device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const Ct
 template <class Traits, int kRows, class SmemTensor, class RowOff>
 __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
                                           int head_dim, int tid, RowOff row_off) {
+  if (tid >= Traits::kGmemThreads) return;
   typename Traits::GmemTiledCopy gmem_copy;
   auto thr_copy = gmem_copy.get_thread_slice(tid);
   Tensor tXsX = thr_copy.partition_D(sX);  // (CPY, CPY_M, CPY_K)
@@ -232,6 +233,134 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
   }
 }
 
+// ---- per-CTA setup and per-tile steps shared by both kernels ----------------------------
+
+// The CTA's (batch, head, first row) from its block index; false when this query tile lies
+// past the end of its sequence (varlen: shorter than max_seqlen_q).
+template <int kBlockM>
+__device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
+  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  c.b = blockIdx.z / heads;
+  c.head = blockIdx.z % heads;
+  c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
+  c.hk = p.pack_gqa ? c.head : c.head / heads_per_kv_head(p);
+  c.seq = seq_info(p, c.b);
+  c.rows = c.seq.seqlen_q * c.g;
+  // Heavy (late, causal) query tiles first: better tail balance.
+  c.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  return c.m0 < c.rows;
+}
+
+// The key tiles [lo, hi) this CTA visits (its rows' visible keys, cut to its split), and the
+// keys [mask_free_lo, mask_free_hi) visible to every one of its rows: a tile inside that range
+// needs no element mask.
+struct CtaKeyTiles {
+  int lo, hi;
+  int mask_free_lo, mask_free_hi;
+};
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ CtaKeyTiles cta_key_tiles(const AttnParams& p, const CtaInfo& c, int split) {
+  const int q_first = tile_row_query(p, c, c.m0).query;
+  const int q_last = tile_row_query(p, c, min(c.m0 + kBlockM, c.rows) - 1).query;
+  const KeyRange keys = visible_keys_of_rows(p, q_first, q_last + 1, c.seq.seqlen_q, c.seq.seqlen_k);
+  CtaKeyTiles t;
+  t.lo = keys.lo / kBlockN;
+  t.hi = keys.hi > keys.lo ? (keys.hi + kBlockN - 1) / kBlockN : t.lo;
+  if (p.num_splits > 1) {
+    const KeyRange cut = split_tiles(split, p.num_splits, t.lo, t.hi);
+    t.lo = cut.lo;
+    t.hi = cut.hi;
+  }
+  // First row's range ends earliest and the last row's starts latest.
+  t.mask_free_lo = visible_keys(p, q_last, c.seq.seqlen_q, c.seq.seqlen_k).lo;
+  t.mask_free_hi = visible_keys(p, q_first, c.seq.seqlen_q, c.seq.seqlen_k).hi;
+  return t;
+}
+
+// Scores are kept "raw": x = q·k (or tanh(q·k·scale/softcap) with softcap) so that the
+// logit is x * raw_scale and exp(logit - max) = exp2(x * scale_log2 - max * scale_log2).
+struct ScoreScale {
+  bool has_softcap;
+  float raw_scale, scale_log2, softcap_in_scale;
+  __device__ __forceinline__ explicit ScoreScale(const AttnParams& p)
+      : has_softcap(p.softcap > 0.0f),
+        raw_scale(has_softcap ? p.softcap : p.softmax_scale),
+        scale_log2(raw_scale * kLog2e),
+        softcap_in_scale(has_softcap ? p.softmax_scale / p.softcap : 0.0f) {}
+};
+
+// Softcap, ALiBi and the mask on one block of scores s (rows, cols), in place. coord(i, jj)
+// is the (tile row, column) of s(i, jj); row r is tile row cs.m0 + r, column jj is key
+// key0 + column. The mask is applied only when need_mask (edge tiles).
+template <class S, class Coord>
+__device__ __forceinline__ void apply_score_rules(const AttnParams& p, const CtaInfo& cs,
+                                                  const ScoreScale& sc, S& s, const Coord& coord,
+                                                  int key0, bool need_mask) {
+  constexpr int kRows = decltype(size<0>(s))::value;
+  constexpr int kCols = decltype(size<1>(s))::value;
+  if (sc.has_softcap) {
+    CUTE_UNROLL
+    for (int e = 0; e < size(s); ++e) s(e) = tanhf(s(e) * sc.softcap_in_scale);
+  }
+  if (p.alibi_slopes != nullptr) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const PackedRow pr = tile_row_query(p, cs, cs.m0 + get<0>(coord(i, 0)));
+      const int diag = pr.query + cs.seq.seqlen_k - cs.seq.seqlen_q;
+      const float slope = alibi_slope(p, cs.b, pr.head) / sc.raw_scale;  // raw score units
+      CUTE_UNROLL
+      for (int jj = 0; jj < kCols; ++jj) {
+        const int dist = diag - (key0 + get<1>(coord(i, jj)));
+        s(i, jj) -= slope * float(dist < 0 ? -dist : dist);
+      }
+    }
+  }
+  if (need_mask) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int query = tile_row_query(p, cs, cs.m0 + get<0>(coord(i, 0))).query;
+      const KeyRange kr = visible_keys(p, query, cs.seq.seqlen_q, cs.seq.seqlen_k);
+      CUTE_UNROLL
+      for (int jj = 0; jj < kCols; ++jj) {
+        const int j = key0 + get<1>(coord(i, jj));
+        if (j < kr.lo || j >= kr.hi) s(i, jj) = -INFINITY;
+      }
+    }
+  }
+}
+
+// One online-softmax step: fold the scores s (rows, cols) into the running max and sum of each
+// row, rescale that row of O (o_rc: rows, d), and turn s into P = exp2(x * scale_log2 - max').
+// row_sum stays thread-local (reduced across the quad at the end).
+template <class S, class O>
+__device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_max, float* row_sum,
+                                                    float scale_log2) {
+  constexpr int kRows = decltype(size<0>(s))::value;
+  constexpr int kCols = decltype(size<1>(s))::value;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    float m = row_max[i];
+    CUTE_UNROLL
+    for (int jj = 0; jj < kCols; ++jj) m = fmaxf(m, s(i, jj));
+    m = quad_allreduce_max(m);
+    // A row that has seen no key yet keeps max -inf; use 0 as its offset to avoid inf - inf.
+    const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
+    const float correction = exp2f(row_max[i] * scale_log2 - m_scaled);
+    row_max[i] = m;
+    row_sum[i] *= correction;
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= correction;
+    float sum = 0.0f;
+    CUTE_UNROLL
+    for (int jj = 0; jj < kCols; ++jj) {
+      s(i, jj) = exp2f(s(i, jj) * scale_log2 - m_scaled);
+      sum += s(i, jj);
+    }
+    row_sum[i] += sum;
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------
 
 template <class Traits>
@@ -245,32 +374,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
 
   // ---- geometry: which rows, which sequence, which split
   CtaInfo c;
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
-  c.b = blockIdx.z / heads;
-  c.head = blockIdx.z % heads;
-  c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
-  c.hk = p.pack_gqa ? c.head : c.head / heads_per_kv_head(p);
-  c.seq = seq_info(p, c.b);
-  c.rows = c.seq.seqlen_q * c.g;
-  // Heavy (late, causal) query tiles first: better tail balance.
-  c.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-  if (c.m0 >= c.rows) return;  // varlen: this sequence is shorter than max_seqlen_q
+  if (!make_cta_info<kBlockM>(p, c)) return;
   const int split = blockIdx.y;
-
-  const int q_first = tile_row_query(p, c, c.m0).query;
-  const int q_last = tile_row_query(p, c, min(c.m0 + kBlockM, c.rows) - 1).query;
-  const KeyRange keys = visible_keys_of_rows(p, q_first, q_last + 1, c.seq.seqlen_q, c.seq.seqlen_k);
-  int tile_lo = keys.lo / kBlockN;
-  int tile_hi = keys.hi > keys.lo ? (keys.hi + kBlockN - 1) / kBlockN : tile_lo;
-  if (p.num_splits > 1) {
-    const KeyRange t = split_tiles(split, p.num_splits, tile_lo, tile_hi);
-    tile_lo = t.lo;
-    tile_hi = t.hi;
-  }
-  // Tiles entirely inside every row's visible range need no element mask:
-  // n*kBlockN >= max row lo (last row) and n*kBlockN + kBlockN <= min row hi (first row).
-  const int mask_free_lo = visible_keys(p, q_last, c.seq.seqlen_q, c.seq.seqlen_k).lo;
-  const int mask_free_hi = visible_keys(p, q_first, c.seq.seqlen_q, c.seq.seqlen_k).hi;
+  const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, split);
+  const int tile_lo = tiles.lo, tile_hi = tiles.hi;
 
   // ---- shared memory tensors
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
@@ -328,15 +435,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   Tensor tScS = thr_mma.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
 
-  // Scores are kept "raw": x = q·k (or tanh(q·k·scale/softcap) with softcap) so that the
-  // logit is x * raw_scale and exp(logit - max) = exp2(x * scale_log2 - max * scale_log2).
-  const bool has_softcap = p.softcap > 0.0f;
-  const float raw_scale = has_softcap ? p.softcap : p.softmax_scale;
-  const float scale_log2 = raw_scale * kLog2e;
-  const float softcap_in_scale = has_softcap ? p.softmax_scale / p.softcap : 0.0f;
-  const bool has_alibi = p.alibi_slopes != nullptr;
+  const ScoreScale sc(p);
 
   // Per row only the softmax state lives in registers (they are the scarce resource at d = 128);
   // the query index, visible range and ALiBi slope are re-derived on the tiles that need them.
@@ -365,63 +465,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     // score transform, ALiBi, mask
     Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, kCols)
     const int j0 = n * kBlockN;
-    if (has_softcap) {
-      CUTE_UNROLL
-      for (int e = 0; e < size(s); ++e) s(e) = tanhf(s(e) * softcap_in_scale);
-    }
-    if (has_alibi) {
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) {
-        const PackedRow pr = tile_row_query(p, cs, cs.m0 + get<0>(tScS_rc(i, 0)));
-        const int diag = pr.query + cs.seq.seqlen_k - cs.seq.seqlen_q;
-        const float slope = alibi_slope(p, cs.b, pr.head) / raw_scale;  // raw score units
-        CUTE_UNROLL
-        for (int jj = 0; jj < kCols; ++jj) {
-          const int dist = diag - (j0 + get<1>(tScS_rc(i, jj)));
-          s(i, jj) -= slope * float(dist < 0 ? -dist : dist);
-        }
-      }
-    }
-    const bool need_mask = !(j0 >= mask_free_lo && j0 + kBlockN <= mask_free_hi);
-    if (need_mask) {
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) {
-        const int query = tile_row_query(p, cs, cs.m0 + get<0>(tScS_rc(i, 0))).query;
-        const KeyRange kr = visible_keys(p, query, cs.seq.seqlen_q, cs.seq.seqlen_k);
-        CUTE_UNROLL
-        for (int jj = 0; jj < kCols; ++jj) {
-          const int j = j0 + get<1>(tScS_rc(i, jj));
-          if (j < kr.lo || j >= kr.hi) s(i, jj) = -INFINITY;
-        }
-      }
-    }
+    const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
+    apply_score_rules(p, cs, sc, s, tScS_rc, j0, need_mask);
 
     cp_async_wait<0>();
     __syncthreads();  // V[n] landed; every warp is done with K[n]
 
     // online softmax: new running max, rescale O and the sum, P = exp2(...)
     Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, d cols)
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      float m = row_max[i];
-      CUTE_UNROLL
-      for (int jj = 0; jj < kCols; ++jj) m = fmaxf(m, s(i, jj));
-      m = quad_allreduce_max(m);
-      // A row that has seen no key yet keeps max -inf; use 0 as its offset to avoid inf - inf.
-      const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
-      const float correction = exp2f(row_max[i] * scale_log2 - m_scaled);
-      row_max[i] = m;
-      row_sum[i] *= correction;
-      CUTE_UNROLL
-      for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= correction;
-      float sum = 0.0f;
-      CUTE_UNROLL
-      for (int jj = 0; jj < kCols; ++jj) {
-        s(i, jj) = exp2f(s(i, jj) * scale_log2 - m_scaled);
-        sum += s(i, jj);
-      }
-      row_sum[i] += sum;  // thread-local partial; reduced across the quad at the end
-    }
+    online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
 
     // O += P V
     Tensor rP = convert_fragment<Element>(acc_s);
@@ -446,7 +498,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     const float sum = quad_allreduce_sum(row_sum[i]);
     // A row with no visible key (or an empty split) writes 0 and LSE -inf.
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    row_lse[i] = sum > 0.0f ? row_max[i] * raw_scale + logf(sum) : -INFINITY;
+    row_lse[i] = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= inv;
   }

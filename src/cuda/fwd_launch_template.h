@@ -9,6 +9,8 @@
 
 #include "common/rules.h"
 #include "cuda/fwd_kernel.h"
+#include "cuda/splitkeys_kernel.h"
+#include "cuda/wgmma_kernel.h"
 #include "cuda/kernel_traits.h"
 #include "cuda/launch.h"
 #include "flashattn/flashattn.h"
@@ -16,8 +18,10 @@
 namespace flashattn {
 namespace cuda {
 
-template <class Traits>
-void launch_fwd(const AttnParams& p, cudaStream_t stream) {
+// Launches kernel (fwd_kernel or splitkeys_kernel instantiated for Traits) over the grid
+// (query tiles, splits, batch x heads).
+template <class Traits, class Kernel>
+void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const char* name) {
   if (p.num_splits > 1 && splitkv_block_n(p.head_dim) != Traits::kBlockN) {
     // The CPU backend cuts splits at splitkv_block_n-row tiles; both must cut at the same keys.
     throw Error(Error::Kind::runtime,
@@ -39,27 +43,42 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(ctas_z));
-  auto kernel = &fwd::fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > Traits::kDefaultSmemLimit) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "cudaFuncSetAttribute(fwd_kernel, max dynamic smem)");
+               "cudaFuncSetAttribute(max dynamic smem)");
   }
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
-  check_launch("flashattn fwd_kernel");
+  check_launch(name);
 }
 
 // rules.h query_tile_rows picks the tile height; the CPU backend walks the same tiles.
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, cudaStream_t stream) {
-  using Decode = FwdTraits<Element, kHeadDim, DecodeTileConfig<kHeadDim>>;
+  using SplitKeys = SplitKeysTraits<Element, kHeadDim>;
+  using Short = FwdTraits<Element, kHeadDim, DecodeTileConfig<kHeadDim>>;
   using Default = FwdTraits<Element, kHeadDim>;
-  static_assert(Decode::kBlockM == kQueryTileRowsShort && Default::kBlockM == kQueryTileRows,
+  static_assert(SplitKeys::kBlockM == kQueryTileRowsDecode &&
+                    Short::kBlockM == kQueryTileRowsShort && Default::kBlockM == kQueryTileRows,
                 "tile heights follow rules.h query_tile_rows");
-  if (query_tile_rows(params) == kQueryTileRowsShort) {
-    launch_fwd<Decode>(params, stream);
+  const int tile_rows = query_tile_rows(params);
+  if (tile_rows == kQueryTileRowsDecode) {
+    launch_fwd<SplitKeys>(params, stream, &fwd::splitkeys_kernel<SplitKeys>, "flashattn splitkeys_kernel");
+  } else if (tile_rows == kQueryTileRowsShort) {
+    launch_fwd<Short>(params, stream, &fwd::fwd_kernel<Short>, "flashattn fwd_kernel (64 rows)");
   } else {
-    launch_fwd<Default>(params, stream);
+#if defined(FLASHATTN_HAS_SM90A)
+    // Hopper: the wgmma kernel, for head dims of whole 128-byte rows and one split (its kBlockN
+    // is not rules.h splitkv_block_n, so split-KV stays on fwd_kernel).
+    if constexpr (kHeadDim % 64 == 0) {
+      if (params.num_splits == 1 && device_has_wgmma(params.device_index)) {
+        using Hopper = WgmmaTraits<Element, kHeadDim>;
+        launch_fwd<Hopper>(params, stream, &fwd::wgmma_kernel<Hopper>, "flashattn wgmma_kernel");
+        return;
+      }
+    }
+#endif
+    launch_fwd<Default>(params, stream, &fwd::fwd_kernel<Default>, "flashattn fwd_kernel");
   }
 }
 

@@ -48,16 +48,18 @@ struct MmaAtomFor<cutlass::bfloat16_t> {
   using type = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 };
 
-template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
-struct FwdTraits {
+// What every tile shape shares: element types, the swizzled shared-memory layouts of Q, K, V
+// and O, the copy atoms, and the global->shared copy partition.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
+struct TileTraitsBase {
   using Element = Element_;
   using ElementAccum = float;
   using index_t = int64_t;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = TileConfig::kBlockM;  // query rows per CTA
-  static constexpr int kBlockN = TileConfig::kBlockN;  // key rows per K/V tile
-  static constexpr int kNWarps = TileConfig::kNWarps;
+  static constexpr int kBlockM = kBlockM_;  // query rows per CTA
+  static constexpr int kBlockN = kBlockN_;  // key rows per K/V tile
+  static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
 
   // One cp.async moves 16 bytes = 8 elements ("a chunk") of one row.
@@ -65,14 +67,7 @@ struct FwdTraits {
   static constexpr int kElemsPerChunk = kChunkBytes / int(sizeof(Element));
 
   static_assert(kHeadDim % 32 == 0, "head dim instances are multiples of 32");
-  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA slabs");
   static_assert(kBlockN % 16 == 0, "K/V tiles are whole MMA K steps");
-
-  // ---- MMA: kNWarps warps stacked along M, each a 16-row slab; N/K tiled by 16 so that
-  // ldmatrix.x4 feeds whole 16x16 B fragments.
-  using TiledMma = cute::TiledMMA<cute::MMA_Atom<typename MmaAtomFor<Element>::type>,
-                                  cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
-                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
 
   // ---- shared memory: rows of 64 (or 32) elements swizzled in 8-row atoms so that both the
   // 16-byte cp.async writes and the ldmatrix reads are bank-conflict free.
@@ -94,11 +89,14 @@ struct FwdTraits {
   using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's buffer
 
   // ---- global <-> shared copies: each thread moves 16-byte chunks; a row of kBlockKSmem
-  // elements is spread over kGmemThreadsPerRow threads, the rest of the CTA takes other rows.
+  // elements is spread over kGmemThreadsPerRow threads, other threads take other rows, at most
+  // kBlockM rows per pass (threads past kGmemThreads sit the copies out).
   // Only used to partition smem (static per-thread offsets); the global side is gathered per row.
   static constexpr int kGmemThreadsPerRow = kBlockKSmem / kElemsPerChunk;
   static_assert(kNThreads % kGmemThreadsPerRow == 0, "whole rows per pass");
-  static constexpr int kGmemRowsPerPass = kNThreads / kGmemThreadsPerRow;
+  static constexpr int kGmemRowsPerPass =
+      cute::min(kNThreads / kGmemThreadsPerRow, kBlockM);
+  static constexpr int kGmemThreads = kGmemRowsPerPass * kGmemThreadsPerRow;
   static_assert(kBlockM % kGmemRowsPerPass == 0 && kBlockN % kGmemRowsPerPass == 0,
                 "tiles are whole passes");
   using GmemLayoutAtom =
@@ -114,15 +112,86 @@ struct FwdTraits {
 
   static constexpr int kSmemQBytes = int(cute::cosize_v<SmemLayoutQ>) * int(sizeof(Element));
   static constexpr int kSmemKVBytes = int(cute::cosize_v<SmemLayoutKV>) * int(sizeof(Element));
-  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs for two key tiles.
-  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * 2 * kBlockN) * int(sizeof(int64_t));
   // The CTA's geometry (fwd_kernel.h CtaInfo), re-read from smem inside the mainloop.
   static constexpr int kSmemCtaInfoBytes = 128;
-  // Q, K, V (one buffer each), then the row offset tables, then the CTA geometry.
-  static constexpr int kSmemBytes =
-      kSmemQBytes + 2 * kSmemKVBytes + kSmemRowOffsetBytes + kSmemCtaInfoBytes;
   static constexpr int kDefaultSmemLimit = 48 * 1024;
+};
+
+template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
+struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, TileConfig::kBlockN,
+                                  TileConfig::kNWarps> {
+  using Base = TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, TileConfig::kBlockN,
+                              TileConfig::kNWarps>;
+  using Base::kBlockM, Base::kBlockN, Base::kNWarps;
+  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA slabs");
+
+  // ---- MMA: kNWarps warps stacked along M, each a 16-row slab; N/K tiled by 16 so that
+  // ldmatrix.x4 feeds whole 16x16 B fragments.
+  using TiledMma = cute::TiledMMA<cute::MMA_Atom<typename MmaAtomFor<Element_>::type>,
+                                  cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
+
+  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs for two key tiles.
+  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * 2 * kBlockN) * int(sizeof(int64_t));
+  // Q, K, V (one buffer each), then the row offset tables, then the CTA geometry.
+  static constexpr int kSmemBytes = Base::kSmemQBytes + 2 * Base::kSmemKVBytes +
+                                    kSmemRowOffsetBytes + Base::kSmemCtaInfoBytes;
   static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
+};
+
+// ---- decode: warps split the keys ----------------------------------------------------------
+//
+// At most 16 query rows per (batch, head) — or per (batch, KV head) with GQA packing — as in
+// decode (rules.h query_tile_rows). One 16-row MMA slab; each of the 4 warps takes a quarter of
+// every K/V tile (kBlockN / 4 keys) with its own online softmax, and the warps merge their
+// (max, sum, O) through shared memory at the end. Against the 64-row tile (4 warps x 16 rows,
+// each warp all keys) this is 4x fewer tensor-core operations per K/V byte, and with kStages
+// K/V buffers the next tile streams in during the whole of this one.
+template <int kHeadDim>
+struct SplitKeysTileConfig {
+  static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
+  static constexpr int kStages = 2;
+};
+
+template <typename Element_, int kHeadDim_>
+struct SplitKeysTraits
+    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_>::kBlockM,
+                     SplitKeysTileConfig<kHeadDim_>::kBlockN, SplitKeysTileConfig<kHeadDim_>::kNWarps> {
+  using Config = SplitKeysTileConfig<kHeadDim_>;
+  using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
+  using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
+  static constexpr int kStages = Config::kStages;
+  static constexpr int kKeysPerWarp = kBlockN / kNWarps;
+  static_assert(kBlockM == 16, "one MMA slab of rows");
+  static_assert(kKeysPerWarp % 16 == 0, "each warp's keys are whole MMA K steps");
+  static_assert(kKeysPerWarp % 8 == 0, "a warp's key slice starts on a swizzle atom row");
+
+  // One warp's MMA: 16 rows x (its keys or the head dim), tiled by 16 for ldmatrix.x4.
+  using TiledMma = cute::TiledMMA<cute::MMA_Atom<typename MmaAtomFor<Element_>::type>,
+                                  cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::_16, cute::_16, cute::_16>>;
+  // One warp's slice of a K tile (kKeysPerWarp, d) and of V seen as (d, kKeysPerWarp).
+  using WarpKeys = cute::Shape<cute::Int<kKeysPerWarp>, cute::Int<kHeadDim>>;
+  using WarpKeysT = cute::Shape<cute::Int<kHeadDim>, cute::Int<kKeysPerWarp>>;
+  using SmemLayoutVtWarpNoSwizzle = decltype(cute::make_layout(
+      WarpKeysT{}, cute::GenRowMajor{}));  // fragment shape only
+
+  // Merge buffers: per warp and row its max and sum, and its O slab in fp32 (rows padded by 8
+  // floats against bank conflicts), laid over the K/V buffers once the mainloop is done.
+  static constexpr int kMergeRowFloats = kHeadDim + 8;
+  static constexpr int kSmemMergeOBytes = kNWarps * kBlockM * kMergeRowFloats * int(sizeof(float));
+  static constexpr int kSmemMergeStatBytes = 2 * kNWarps * kBlockM * int(sizeof(float));
+  static_assert(kSmemMergeOBytes <= 2 * kStages * Base::kSmemKVBytes, "merge fits the K/V buffers");
+
+  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
+  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
+  // Q, kStages x (K, V), the row offset tables, the merge statistics, the CTA geometry.
+  static constexpr int kSmemBytes = Base::kSmemQBytes + 2 * kStages * Base::kSmemKVBytes +
+                                    kSmemRowOffsetBytes + kSmemMergeStatBytes +
+                                    Base::kSmemCtaInfoBytes;
+  static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
+  // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)).
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 3 : 1;
 };
 
 }  // namespace cuda

@@ -21,6 +21,11 @@ void run_combine(const AttnParams& params, cudaStream_t stream);
 // Appends k_new/v_new into the cache with rotary, and rotates q into q_rot (src/cuda/append.cu).
 void run_append_kernel(const AppendParams& params, cudaStream_t stream);
 
+// True when the device runs the sm_90a kernels (compute capability 9.0) and the environment
+// does not set FLASHATTN_NO_WGMMA=1 (a switch for testing and timing the mma.sync kernels on
+// Hopper). Cached per device.
+bool device_has_wgmma(int device_index);
+
 // Throws flashattn::Error(runtime) naming the call and the CUDA error.
 void check_cuda(cudaError_t err, const char* what);
 void check_launch(const char* kernel_name);

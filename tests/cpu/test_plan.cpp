@@ -15,8 +15,9 @@ using flashattn::DType;
 using flashattn::Tensor;
 
 // Rules restated from DESIGN.md / docs/TEAM.md / FlashAttention-2.
-// Query rows per tile: 64 for short query blocks (<= 64 rows per unit), else 128.
-int tile_rows(int rows) { return rows <= 64 ? 64 : 128; }
+// Query rows per tile: 16 for decode (<= 16 rows per unit), 64 for short query blocks
+// (<= 64 rows), else 128.
+int tile_rows(int rows) { return rows <= 16 ? 16 : rows <= 64 ? 64 : 128; }
 constexpr int kPackGqaMaxSeqlenQ = 64;       // GQA packing when sq <= this
 constexpr double kFillFraction = 0.8;        // no split once 80% of the processors have work
 constexpr double kEfficiencyFraction = 0.85; // fewest splits within 85% of the best efficiency

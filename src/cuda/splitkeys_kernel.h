@@ -1,0 +1,258 @@
+// The decode kernel: at most 16 query rows per CTA, the 4 warps split the keys.
+//
+// Decode reads every K/V byte once and does little arithmetic on it, so the kernel must keep
+// the memory system busy rather than the tensor cores: one 16-row MMA slab (kernel_traits.h
+// SplitKeysTraits), each warp a quarter of every K/V tile with its own online softmax, and
+// kStages K/V buffers so that tile n-1 (n-kStages+1 ...) streams in during the whole of tile n.
+// Per key tile n (walked from the last visible tile down), one barrier:
+//   wait tile n; barrier | issue tile n-kStages+1 | per warp: S = Q K_w^T, rules, softmax, O_w += P V_w
+// At the end the warps merge (max, sum, O) through shared memory, laid over the K/V buffers,
+// and write O (or the split's fp32 partials) with 16-byte stores, and LSE.
+//
+// Rows, masks, paging, splits and packed GQA follow the same rules.h definitions as the
+// 128-row kernel (fwd_kernel.h), whose helpers this file uses.
+#pragma once
+
+#include "cuda/fwd_kernel.h"
+
+namespace flashattn {
+namespace cuda {
+namespace fwd {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
+    splitkeys_kernel(const __grid_constant__ AttnParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kNWarps = Traits::kNWarps;
+  constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  // ---- geometry
+  CtaInfo c;
+  if (!make_cta_info<kBlockM>(p, c)) return;
+  const int split = blockIdx.y;
+  const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, split);
+
+  // ---- shared memory: Q | K stages | V stages | row offsets | merge statistics
+  constexpr int kKVElems = int(cute::cosize_v<typename Traits::SmemLayoutKV>);
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Element* smem_k = smem_q + cute::cosize_v<typename Traits::SmemLayoutQ>;
+  Element* smem_v = smem_k + kStages * kKVElems;
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (16, d)
+  auto sK = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_k + stage * kKVElems), typename Traits::SmemLayoutKV{});
+  };
+  auto sV = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutKV{});
+  };
+  int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
+  int64_t* o_off = q_off + kBlockM;
+  KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
+  auto kv_off = [&](int n) { return kv_off_buf + (n % kStages) * kBlockN; };
+  float* merge_max = reinterpret_cast<float*>(kv_off_buf + kStages * kBlockN);  // [kNWarps][16]
+  float* merge_sum = merge_max + kNWarps * kBlockM;                             // [kNWarps][16]
+
+  // Issues the K and V copies of tile n into its stage (always one commit group, possibly
+  // empty, so that wait_group counts stay in step near the end of the walk).
+  auto issue_tile = [&](int n) {
+    if (n >= tiles.lo) {
+      auto k_stage = sK(n % kStages);
+      auto v_stage = sV(n % kStages);
+      load_kv<Traits, false>(p, c, kv_off(n), n, k_stage, tid);
+      load_kv<Traits, true>(p, c, kv_off(n), n, v_stage, tid);
+    }
+    cp_async_commit();
+  };
+  auto offsets_of_tile = [&](int n) {
+    if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, kv_off(n), tid);
+  };
+
+  // ---- prologue: Q and the first kStages-1 tiles in flight; offsets of the next tile ready
+  compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
+  for (int i = 1; i < kStages; ++i) offsets_of_tile(tiles.hi - i);
+  __syncthreads();
+  const bool any_tile = tiles.hi > tiles.lo;
+  if (any_tile) load_q<Traits>(p, q_off, sQ, tid);
+  for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
+  offsets_of_tile(tiles.hi - kStages);  // visible after the first loop barrier
+
+  // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(lane);
+  auto warp_k = [&](int stage) {
+    return local_tile(sK(stage), typename Traits::WarpKeys{}, make_coord(warp, 0));  // (keys, d)
+  };
+  auto warp_vt = [&](int stage) {
+    auto vt = make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutVt{});
+    return local_tile(vt, typename Traits::WarpKeysT{}, make_coord(0, warp));  // (d, keys)
+  };
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(warp_k(0));
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutVtWarpNoSwizzle{}));
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  clear(acc_o);
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(lane);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(lane);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(lane);
+  // Stage 0's partitions; stage s is the same partition shifted by s whole K/V buffers (a
+  // multiple of the swizzle period, so the swizzled offsets are unchanged).
+  Tensor tSsK0 = smem_thr_copy_k.partition_S(warp_k(0));
+  Tensor tOsVt0 = smem_thr_copy_v.partition_S(warp_vt(0));
+
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
+  Tensor tScS = thr_mma.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+
+  const ScoreScale sc(p);
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.0f;
+  }
+
+  // ---- mainloop over key tiles, last first
+  for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile n landed; every warp is done with tile n+1's stage and table
+    issue_tile(n - (kStages - 1));        // into tile n+1's stage
+    offsets_of_tile(n - kStages);         // into tile n's table (its copies are issued)
+    if (n == tiles.hi - 1) {              // Q landed with the first tile: keep it in registers
+      Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
+      Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
+      copy(smem_copy_q, tSsQ, tSrQ_view);
+    }
+    const int stage = n % kStages;
+    Tensor tSsK = make_tensor(tSsK0.data() + stage * kKVElems, tSsK0.layout());
+    Tensor tOsVt = make_tensor(tOsVt0.data() + stage * kKVElems, tOsVt0.layout());
+
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
+    clear(acc_s);
+    gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_k, smem_thr_copy_k);
+
+    Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
+    const int key0 = n * kBlockN + warp * kKeysPerWarp;
+    const bool need_mask = !(key0 >= tiles.mask_free_lo && key0 + kKeysPerWarp <= tiles.mask_free_hi);
+    apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
+
+    Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, d)
+    online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
+
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
+  }
+
+  // ---- merge the warps: per row the max M and sum L over warps, O = sum_w O_w e^(m_w - M) / L
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tOcO = thr_mma.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, d)
+  const bool owns_row_stat = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = quad_allreduce_sum(row_sum[i]);
+    if (owns_row_stat) {
+      const int r = get<0>(tOcO_rc(i, 0));
+      merge_max[warp * kBlockM + r] = row_max[i];
+      merge_sum[warp * kBlockM + r] = sum;
+    }
+  }
+  __syncthreads();
+
+  // The merged (M, L) of row r: warps that saw no key (max -inf) contribute nothing.
+  struct RowStat {
+    float max, sum;
+  };
+  auto merged_row = [&](int r) {
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) m = fmaxf(m, merge_max[w * kBlockM + r]);
+    float l = 0.0f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) {
+      const float mw = merge_max[w * kBlockM + r];
+      if (mw != -INFINITY) l += merge_sum[w * kBlockM + r] * exp2f((mw - m) * sc.scale_log2);
+    }
+    return RowStat{m, l};
+  };
+
+  constexpr int kRowFloats = Traits::kMergeRowFloats;
+  float* merge_o = reinterpret_cast<float*>(smem_k);  // [kNWarps][16][kRowFloats]
+  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const int r = get<0>(tOcO_rc(i, 0));
+    const RowStat row = merged_row(r);
+    const float factor = (row_max[i] == -INFINITY || row.sum <= 0.0f)
+                             ? 0.0f
+                             : exp2f((row_max[i] - row.max) * sc.scale_log2) / row.sum;
+    float* dst = merge_o + (warp * kBlockM + r) * kRowFloats;
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); d += 2) {
+      const int col = get<1>(tOcO_rc(i, d));
+      *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
+    }
+  }
+  __syncthreads();
+
+  // ---- store: each thread sums 8 columns of one row over the warps (a 16-byte output chunk)
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int idx = tid; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
+    const int r = idx / kChunksPerRow;
+    const int col = (idx % kChunksPerRow) * 8;
+    if (c.m0 + r >= c.rows || col >= p.head_dim) continue;
+    float acc[8];
+    CUTE_UNROLL
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) {
+      const float* src = merge_o + (w * kBlockM + r) * kRowFloats + col;
+      const float4 lo = *reinterpret_cast<const float4*>(src);
+      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+      acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+    }
+    if (p.num_splits > 1) {
+      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+      float* dst = p.o_accum + accum_row(p, split, c.b, pr.head, pr.query) * p.head_dim + col;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+      cutlass::Array<Element, 8> out;
+      CUTE_UNROLL
+      for (int e = 0; e < 8; ++e) out[e] = static_cast<Element>(acc[e]);
+      *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.o) + o_off[r] + col) = out;
+    }
+  }
+  // LSE of each row (the merged max in raw units times raw_scale, plus log L).
+  if (tid < kBlockM && c.m0 + tid < c.rows) {
+    const int r = tid;
+    const RowStat row = merged_row(r);
+    const float lse = row.sum > 0.0f ? row.max * sc.raw_scale + logf(row.sum) : -INFINITY;
+    const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+    if (p.num_splits > 1) {
+      p.lse_accum[accum_row(p, split, c.b, pr.head, pr.query)] = lse;
+    } else if (p.lse != nullptr) {
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
+    }
+  }
+}
+
+}  // namespace fwd
+}  // namespace cuda
+}  // namespace flashattn

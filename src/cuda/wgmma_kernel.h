@@ -1,0 +1,249 @@
+// The Hopper (sm_90a) forward kernel: the FlashAttention-2 walk of fwd_kernel.h with its two
+// products on warpgroup MMAs (wgmma) instead of mma.sync.
+//
+// A CTA of two warpgroups owns 128 query rows (64 per warpgroup) of one (batch, head) and walks
+// the visible key tiles from the last down. Q, K and V are gathered row by row with cp.async
+// exactly as in fwd_kernel.h (paging, varlen, leftpad, packed GQA and arbitrary strides stay one
+// code path), into the swizzled 128-byte layouts that wgmma reads straight from shared memory;
+// kStages K/V buffers let tile n-1 stream in during tile n. Per tile n, one barrier:
+//   wait tile n; fence to the async proxy; barrier | issue tile n-1 |
+//   S = Q K^T (wgmma, smem x smem) | rules, online softmax | O += P V (wgmma, P from registers)
+// Used for the 128-row tile when the device is sm_90 and there is one split (fwd_launch_template.h).
+#pragma once
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/fwd_kernel.h"
+
+namespace flashattn {
+namespace cuda {
+
+// Head dims 64, 128, 256 (rows of whole 128-byte swizzle atoms). kBlockN 128 keeps the S
+// accumulator at 64 fp32 per thread; d = 256 takes 64 so that O (128 fp32) and S fit together.
+template <typename Element_, int kHeadDim_>
+struct WgmmaTraits
+    : TileTraitsBase<Element_, kHeadDim_, 128, (kHeadDim_ <= 128 ? 128 : 64), 8> {
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, (kHeadDim_ <= 128 ? 128 : 64), 8>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
+  using Element = Element_;
+  static constexpr int kStages = 2;
+  static_assert(kHeadDim % 64 == 0, "rows of whole 128-byte swizzle atoms");
+
+  // K-major 128-byte swizzled layouts, as wgmma's shared-memory descriptors expect them.
+  using SmemLayoutAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as (d, n): the B operand of P V, MN-major (d contiguous).
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::GenRowMajor{})));
+
+  // Two warpgroups stacked along M, 64 rows each.
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
+  static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
+  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
+  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
+  static constexpr int kSmemBytes =
+      (kQElems + 2 * kStages * kKVElems) * int(sizeof(Element)) + kSmemRowOffsetBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
+};
+
+namespace fwd {
+
+// wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) — (column pair, row + 8, 8-column block) —
+// viewed as (rows = (2, MMA_M), cols = (2, N/8, MMA_N)).
+template <class Layout>
+__device__ __forceinline__ auto gmma_acc_to_rowcol(Layout acc) {
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+// The same accumulator as the register A operand of a 64xNx16 wgmma: ((2, 2, 2), MMA_M, N/16),
+// two adjacent 8-column blocks forming one 16-wide K step.
+template <class Layout>
+__device__ __forceinline__ auto gmma_acc_to_a_operand(Layout acc) {
+  auto l = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});  // (2, 2, (2, N/16))
+  return make_layout(make_layout(get<0>(l), get<1>(l), get<2, 0>(l)), get<1>(acc),
+                     coalesce(make_layout(get<2, 1>(l), get<2>(acc))));
+}
+
+// acc (+)= A B over all K steps on the tensor cores of this warpgroup, then wait for it.
+template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& acc) {
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    cute::gemm(tiled_mma, tA(_, _, k), tB(_, _, k), acc);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) wgmma_kernel(const __grid_constant__ AttnParams p) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kKVElems = Traits::kKVElems;
+  extern __shared__ __align__(1024) char smem[];  // 128-byte swizzle atoms want 1024-byte alignment
+  const int tid = threadIdx.x;
+
+  // ---- geometry (one split: the launcher sends num_splits > 1 to fwd_kernel)
+  CtaInfo c;
+  if (!make_cta_info<kBlockM>(p, c)) return;
+  const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
+
+  // ---- shared memory: Q | K stages | V stages | row offsets
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Element* smem_k = smem_q + Traits::kQElems;
+  Element* smem_v = smem_k + kStages * kKVElems;
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
+  auto sK = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_k + stage * kKVElems), typename Traits::SmemLayoutKV{});
+  };
+  auto sV = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutKV{});
+  };
+  auto sVt = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutVt{});
+  };
+  int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
+  int64_t* o_off = q_off + kBlockM;
+  KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
+  auto kv_off = [&](int n) { return kv_off_buf + (n % kStages) * kBlockN; };
+
+  auto issue_tile = [&](int n) {  // always one commit group (possibly empty)
+    if (n >= tiles.lo) {
+      auto k_stage = sK(n % kStages);
+      auto v_stage = sV(n % kStages);
+      load_kv<Traits, false>(p, c, kv_off(n), n, k_stage, tid);
+      load_kv<Traits, true>(p, c, kv_off(n), n, v_stage, tid);
+    }
+    cp_async_commit();
+  };
+  auto offsets_of_tile = [&](int n) {
+    if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, kv_off(n), tid);
+  };
+
+  // ---- prologue (as splitkeys_kernel.h)
+  compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
+  for (int i = 1; i < kStages; ++i) offsets_of_tile(tiles.hi - i);
+  __syncthreads();
+  if (tiles.hi > tiles.lo) load_q<Traits>(p, q_off, sQ, tid);
+  for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
+  offsets_of_tile(tiles.hi - kStages);
+
+  // ---- MMA partitions (thread slices of the two-warpgroup tiled MMAs)
+  typename Traits::TiledMmaS mma_s;
+  typename Traits::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_o = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // smem descriptors
+  Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  clear(acc_o);
+
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_s.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), gmma_acc_to_rowcol(tScS.layout()));  // (rows, cols)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+
+  const ScoreScale sc(p);
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.0f;
+  }
+
+  // ---- mainloop over key tiles, last first
+  for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+    cp_async_wait<kStages - 2>();
+    cutlass::arch::fence_view_async_shared();  // this thread's cp.async data, to wgmma's proxy
+    __syncthreads();  // tile n landed for all; every warpgroup is done with tile n+1's stage
+    issue_tile(n - (kStages - 1));
+    offsets_of_tile(n - kStages);
+    const int stage = n % kStages;
+
+    Tensor tSrK = thr_s.partition_fragment_B(sK(stage));
+    Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    wgmma_gemm<true>(mma_s, tSrQ, tSrK, acc_s);
+
+    Tensor s = make_tensor(acc_s.data(), gmma_acc_to_rowcol(acc_s.layout()));  // (kRows, kBlockN)
+    const int j0 = n * kBlockN;
+    const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
+    apply_score_rules(p, c, sc, s, tScS_rc, j0, need_mask);
+    Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
+    online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
+
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
+    Tensor tOrV = thr_o.partition_fragment_B(sVt(stage));
+    wgmma_gemm<false>(mma_o, tOrP, tOrV, acc_o);
+  }
+
+  // ---- epilogue: normalise, LSE, O through shared memory (Q's buffer) to 16-byte row stores
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done with sQ
+  Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tOcO = thr_o.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
+  const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
+  Tensor sO = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = quad_allreduce_sum(row_sum[i]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: O = 0, LSE = -inf
+    const int r = get<0>(tOcO_rc(i, 0));
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); ++d) sO(r, get<1>(tOcO_rc(i, d))) = static_cast<Element>(o_rc(i, d) * inv);
+    if (p.lse != nullptr && owns_row_lse && c.m0 + r < c.rows) {
+      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] =
+          sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
+    }
+  }
+  __syncthreads();
+
+  Element* o = static_cast<Element*>(p.o);
+  typename Traits::GmemTiledCopy gmem_copy;
+  auto thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tOsO = thr_copy.partition_S(sO);    // (CPY, CPY_M, CPY_K)
+  Tensor tOcO_g = thr_copy.partition_S(cO);  // (CPY, CPY_M, CPY_K) -> (row, col)
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOsO); ++m) {
+    const int64_t off = o_off[get<0>(tOcO_g(0, m, 0))];
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOsO); ++k) {
+      const int col = get<1>(tOcO_g(0, m, k));
+      if (off != kNoRow && col < p.head_dim) {
+        *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&tOsO(0, m, k));
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace fwd
+}  // namespace cuda
+}  // namespace flashattn
