@@ -19,6 +19,7 @@ def main():
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--page-size", type=int, default=0)
     ap.add_argument("--splits", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="cProfile the host side of the call")
     a = ap.parse_args()
     b, ctx, h, hk, d = a.batch, a.context, 32, 8, 128
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
@@ -53,6 +54,21 @@ def main():
                 fn()
     torch.cuda.synchronize()
     replay = do_bench(graph.replay, warmup=10, rep=100, return_mode="median") * 1e3 / 10
+    if a.profile:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.runcall(lambda: [fn() for _ in range(2000)])
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            flashattn._C.data_ptr(q)
+        print(f"one DLPack import: {(time.perf_counter() - t0) / n * 1e6:.2f} us")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.cuda.current_stream().cuda_stream
+        print(f"current_stream(): {(time.perf_counter() - t0) / n * 1e6:.2f} us")
     print(f"b={b} ctx={ctx} page={a.page_size} splits={plan.num_splits} pack_gqa={plan.pack_gqa}: "
           f"eager {eager:.1f} us, host {host:.1f} us/call, graph replay {replay:.1f} us/call")
 

@@ -53,6 +53,8 @@ stage_overhead() {
               "--batch 8 --context 1024" "--batch 1 --context 65536"; do
     python3 bench/decode_overhead.py $args 2>&1 | tail -n 1
   done
+  python3 bench/decode_overhead.py --batch 1 --context 1024 --profile >"$OUT/overhead-profile.log" 2>&1
+  grep -E "tottime|us$|interface|_frameworks|built-in" "$OUT/overhead-profile.log" | head -n 20
 }
 
 stage_pyext() {

@@ -12,6 +12,10 @@ namespace flashattn {
 namespace {
 int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 size_t align_up(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+// Query rows of one tile unit: one (batch, head), or one (batch, KV head) with GQA packing.
+int rows_per_unit(const Problem& p, bool pack_gqa) {
+  return pack_gqa ? p.seqlen_q * (p.heads / p.heads_k) : p.seqlen_q;
+}
 }  // namespace
 
 int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits) {
@@ -59,9 +63,15 @@ Workspace workspace_layout(const Problem& p, int num_splits) {
 }
 
 int processors_of(const Problem& p, int num_threads) {
-  // Two split-KV CTAs fit on one SM (registers, shared memory), so a wave is 2 x SMs, as in
-  // FlashAttention-2's heuristic call.
-  if (p.device == Device::cuda) return kCtasPerSm * cuda::num_sms(p.device_index);
+  if (p.device == Device::cuda) {
+    // Resident CTAs per SM: the decode kernel's for 16-row tiles (rules.h
+    // splitkeys_ctas_per_sm), else two, as in FlashAttention-2's heuristic call.
+    const int rows = rows_per_unit(p, should_pack_gqa(p.seqlen_q, p.heads, p.heads_k));
+    const int per_sm = query_tile_rows_for(rows) == kQueryTileRowsDecode
+                           ? splitkeys_ctas_per_sm(p.head_dim)
+                           : kCtasPerSm;
+    return per_sm * cuda::num_sms(p.device_index);
+  }
   if (num_threads > 0) return num_threads;
   return std::max(1u, std::thread::hardware_concurrency());
 }
@@ -69,8 +79,7 @@ int processors_of(const Problem& p, int num_threads) {
 Plan make_plan(const Problem& p, int requested_splits, int processors) {
   Plan plan;
   plan.pack_gqa = should_pack_gqa(p.seqlen_q, p.heads, p.heads_k);
-  const int group = p.heads / p.heads_k;
-  const int rows = plan.pack_gqa ? p.seqlen_q * group : p.seqlen_q;
+  const int rows = rows_per_unit(p, plan.pack_gqa);
   const int heads = plan.pack_gqa ? p.heads_k : p.heads;
   const int64_t work_tiles =
       int64_t(p.batch) * heads * ceil_div(std::max(rows, 1), query_tile_rows_for(rows));

@@ -72,8 +72,15 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
     // is not rules.h splitkv_block_n, so split-KV stays on fwd_kernel).
     if constexpr (kHeadDim % 64 == 0) {
       if (params.num_splits == 1 && device_has_wgmma(params.device_index)) {
-        using Hopper = WgmmaTraits<Element, kHeadDim>;
-        launch_fwd<Hopper>(params, stream, &fwd::wgmma_kernel<Hopper>, "flashattn wgmma_kernel");
+        if constexpr (kHeadDim <= 128) {  // the narrow tile fits 128 registers up to d = 128
+          if (wgmma_tile_choice(kHeadDim) == WgmmaTileChoice::narrow) {
+            using Narrow = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow>;
+            launch_fwd<Narrow>(params, stream, &fwd::wgmma_kernel<Narrow>, "flashattn wgmma_kernel (narrow)");
+            return;
+          }
+        }
+        using Wide = WgmmaTraits<Element, kHeadDim, WgmmaTile::wide>;
+        launch_fwd<Wide>(params, stream, &fwd::wgmma_kernel<Wide>, "flashattn wgmma_kernel");
         return;
       }
     }

@@ -6,6 +6,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "common/rules.h"
+
 namespace flashattn {
 namespace cuda {
 
@@ -191,7 +193,7 @@ struct SplitKeysTraits
                                     Base::kSmemCtaInfoBytes;
   static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
   // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)).
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 3 : 1;
+  static constexpr int kMinBlocksPerSm = splitkeys_ctas_per_sm(kHeadDim);
 };
 
 }  // namespace cuda

@@ -19,14 +19,27 @@
 namespace flashattn {
 namespace cuda {
 
-// Head dims 64, 128, 256 (rows of whole 128-byte swizzle atoms). kBlockN 128 keeps the S
-// accumulator at 64 fp32 per thread; d = 256 takes 64 so that O (128 fp32) and S fit together.
-template <typename Element_, int kHeadDim_>
+// Tiles of the wgmma kernel (head dims 64, 128, 192, 256: rows of whole 128-byte swizzle
+// atoms). Wide: kBlockN 128 (64 for d > 128, so that O and S fit in registers), one CTA per SM.
+// Narrow: kBlockN 64 and two CTAs per SM (<= 128 registers; smem 48 KB at d = 64, 100 KB at
+// d = 128), so that one CTA's softmax and prologue overlap the other's tensor-core work.
+enum class WgmmaTile { wide, narrow };
+
+template <int kHeadDim, WgmmaTile kTile>
+struct WgmmaTileConfig {
+  static constexpr bool kNarrow = kTile == WgmmaTile::narrow;
+  static constexpr int kBlockN = (kNarrow || kHeadDim > 128) ? 64 : 128;
+  static constexpr int kMinBlocksPerSm = kNarrow ? 2 : 1;
+};
+
+template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
 struct WgmmaTraits
-    : TileTraitsBase<Element_, kHeadDim_, 128, (kHeadDim_ <= 128 ? 128 : 64), 8> {
-  using Base = TileTraitsBase<Element_, kHeadDim_, 128, (kHeadDim_ <= 128 ? 128 : 64), 8>;
+    : TileTraitsBase<Element_, kHeadDim_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, 8> {
+  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
   using Element = Element_;
+  static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
   static constexpr int kStages = 2;
   static_assert(kHeadDim % 64 == 0, "rows of whole 128-byte swizzle atoms");
 
@@ -97,7 +110,7 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA& tA, const TB
 }
 
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) wgmma_kernel(const __grid_constant__ AttnParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wgmma_kernel(const __grid_constant__ AttnParams p) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
