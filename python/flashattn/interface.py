@@ -122,10 +122,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ctx = Context(q)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
-    with ctx.device_guard():
-        _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes),
-                   _scale(softmax_scale), bool(causal), left, right, float(softcap),
-                   ctx.stream(), _num_threads)
+    _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes),
+               _scale(softmax_scale), bool(causal), left, right, float(softcap),
+               ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -174,11 +173,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ctx = Context(q)
     out = _output(ctx, out, (total_q, h, dv))
     lse = ctx.empty((h, total_q), "float32") if return_attn_probs else None
-    with ctx.device_guard():
-        _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
-                          int(max_seqlen_q), int(max_seqlen_k), _x(seqused_k), _x(leftpad_k),
-                          _x(block_table), _x(lse), _x(alibi_slopes), _scale(softmax_scale),
-                          bool(causal), left, right, float(softcap), ctx.stream(), _num_threads)
+    _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
+                      int(max_seqlen_q), int(max_seqlen_k), _x(seqused_k), _x(leftpad_k),
+                      _x(block_table), _x(lse), _x(alibi_slopes), _scale(softmax_scale),
+                      bool(causal), left, right, float(softcap), ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -280,13 +278,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_softmax_lse else None
-    with ctx.device_guard():
-        _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v),
-                           _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
-                           _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _x(lse),
-                           _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right,
-                           float(softcap), bool(rotary_interleaved), int(num_splits),
-                           workspace, ctx.stream(), _num_threads)
+    _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v),
+                       _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
+                       _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _x(lse),
+                       _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right,
+                       float(softcap), bool(rotary_interleaved), int(num_splits),
+                       _x(workspace), ctx.stream(), _num_threads)
     if return_softmax_lse:
         return ctx.result(out), ctx.result(lse)
     return ctx.result(out)

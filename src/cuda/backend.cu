@@ -174,9 +174,8 @@ bool device_has_wgmma(int device_index) {
 
 WgmmaTileChoice wgmma_tile_choice(int head_dim) {
   static const char* forced = std::getenv("FLASHATTN_WGMMA_TILE");
-  if (forced != nullptr && std::string(forced) == "narrow") return WgmmaTileChoice::narrow;
   if (forced != nullptr && std::string(forced) == "wide") return WgmmaTileChoice::wide;
-  return head_dim <= 64 ? WgmmaTileChoice::narrow : WgmmaTileChoice::wide;
+  return head_dim <= 128 ? WgmmaTileChoice::narrow : WgmmaTileChoice::wide;
 }
 
 bool supports(DType dtype, int head_dim) {

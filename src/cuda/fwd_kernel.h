@@ -330,12 +330,13 @@ __device__ __forceinline__ void apply_score_rules(const AttnParams& p, const Cta
   }
 }
 
-// One online-softmax step: fold the scores s (rows, cols) into the running max and sum of each
-// row, rescale that row of O (o_rc: rows, d), and turn s into P = exp2(x * scale_log2 - max').
-// row_sum stays thread-local (reduced across the quad at the end).
-template <class S, class O>
-__device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_max, float* row_sum,
-                                                    float scale_log2) {
+// The softmax half of an online-softmax step: fold the scores s (rows, cols) into the running
+// max and sum of each row and turn s into P = exp2(x * scale_log2 - max'); correction[i] is the
+// factor row i of O must be scaled by (rescale_rows) before P V is added. row_sum stays
+// thread-local (reduced across the quad at the end).
+template <class S>
+__device__ __forceinline__ void softmax_update(S& s, float* row_max, float* row_sum,
+                                               float scale_log2, float* correction) {
   constexpr int kRows = decltype(size<0>(s))::value;
   constexpr int kCols = decltype(size<1>(s))::value;
   CUTE_UNROLL
@@ -346,11 +347,9 @@ __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_ma
     m = quad_allreduce_max(m);
     // A row that has seen no key yet keeps max -inf; use 0 as its offset to avoid inf - inf.
     const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
-    const float correction = exp2f(row_max[i] * scale_log2 - m_scaled);
+    correction[i] = exp2f(row_max[i] * scale_log2 - m_scaled);
     row_max[i] = m;
-    row_sum[i] *= correction;
-    CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= correction;
+    row_sum[i] *= correction[i];
     float sum = 0.0f;
     CUTE_UNROLL
     for (int jj = 0; jj < kCols; ++jj) {
@@ -359,6 +358,26 @@ __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_ma
     }
     row_sum[i] += sum;
   }
+}
+
+template <class O>
+__device__ __forceinline__ void rescale_rows(O& o_rc, const float* correction) {
+  constexpr int kRows = decltype(size<0>(o_rc))::value;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= correction[i];
+  }
+}
+
+// One online-softmax step: softmax_update, then rescale the rows of O (o_rc: rows, d).
+template <class S, class O>
+__device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_max, float* row_sum,
+                                                    float scale_log2) {
+  constexpr int kRows = decltype(size<0>(s))::value;
+  float correction[kRows];
+  softmax_update(s, row_max, row_sum, scale_log2, correction);
+  rescale_rows(o_rc, correction);
 }
 
 // ---- the kernel ----------------------------------------------------------------------------

@@ -52,6 +52,22 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   check_launch(name);
 }
 
+#if defined(FLASHATTN_HAS_SM90A)
+// The wgmma kernel: the narrow tile up to d = 128 (two CTAs per SM fit 128 registers), else wide.
+template <typename Element, int kHeadDim>
+void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
+  if constexpr (kHeadDim <= 128) {
+    if (wgmma_tile_choice(kHeadDim) == WgmmaTileChoice::narrow) {
+      using Narrow = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow>;
+      launch_fwd<Narrow>(params, stream, &fwd::wgmma_kernel<Narrow>, "flashattn wgmma_kernel (narrow)");
+      return;
+    }
+  }
+  using Wide = WgmmaTraits<Element, kHeadDim, WgmmaTile::wide>;
+  launch_fwd<Wide>(params, stream, &fwd::wgmma_kernel<Wide>, "flashattn wgmma_kernel");
+}
+#endif
+
 // rules.h query_tile_rows picks the tile height; the CPU backend walks the same tiles.
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, cudaStream_t stream) {
@@ -72,15 +88,7 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
     // is not rules.h splitkv_block_n, so split-KV stays on fwd_kernel).
     if constexpr (kHeadDim % 64 == 0) {
       if (params.num_splits == 1 && device_has_wgmma(params.device_index)) {
-        if constexpr (kHeadDim <= 128) {  // the narrow tile fits 128 registers up to d = 128
-          if (wgmma_tile_choice(kHeadDim) == WgmmaTileChoice::narrow) {
-            using Narrow = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow>;
-            launch_fwd<Narrow>(params, stream, &fwd::wgmma_kernel<Narrow>, "flashattn wgmma_kernel (narrow)");
-            return;
-          }
-        }
-        using Wide = WgmmaTraits<Element, kHeadDim, WgmmaTile::wide>;
-        launch_fwd<Wide>(params, stream, &fwd::wgmma_kernel<Wide>, "flashattn wgmma_kernel");
+        launch_wgmma<Element, kHeadDim>(params, stream);
         return;
       }
     }

@@ -152,7 +152,9 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 template <int kHeadDim>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  static constexpr int kStages = 2;
+  // K/V buffers: two tiles in flight while one is computed up to d = 128 (~104 KB at d = 128,
+  // two CTAs per SM); one above (~139 KB at d = 256).
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
 };
 
 template <typename Element_, int kHeadDim_>

@@ -26,8 +26,9 @@ void run_append_kernel(const AppendParams& params, cudaStream_t stream);
 // Hopper). Cached per device.
 bool device_has_wgmma(int device_index);
 
-// Which wgmma tile serves head dim d <= 128 (wgmma_kernel.h WgmmaTile): narrow for d = 64,
-// wide above; FLASHATTN_WGMMA_TILE=narrow|wide overrides it (for timing both on one GPU).
+// Which wgmma tile serves head dim d <= 128 (wgmma_kernel.h WgmmaTile): narrow (measured faster
+// at d = 64 and 128, docs/PERF.md); FLASHATTN_WGMMA_TILE=wide overrides it (for timing both on
+// one GPU).
 enum class WgmmaTileChoice { wide, narrow };
 WgmmaTileChoice wgmma_tile_choice(int head_dim);
 

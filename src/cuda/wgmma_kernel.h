@@ -4,10 +4,14 @@
 // A CTA of two warpgroups owns 128 query rows (64 per warpgroup) of one (batch, head) and walks
 // the visible key tiles from the last down. Q, K and V are gathered row by row with cp.async
 // exactly as in fwd_kernel.h (paging, varlen, leftpad, packed GQA and arbitrary strides stay one
-// code path), into the swizzled 128-byte layouts that wgmma reads straight from shared memory;
+// code path), into the swizzled 128-byte layouts that wgmma reads straight from shared memory.
+//
 // kStages K/V buffers let tile n-1 stream in during tile n. Per tile n, one barrier:
 //   wait tile n; fence to the async proxy; barrier | issue tile n-1 |
 //   S = Q K^T (wgmma, smem x smem) | rules, online softmax | O += P V (wgmma, P from registers)
+// The narrow tile (two CTAs per SM) lets one CTA's softmax run under the other's MMAs.
+// FlashAttention-3's intra-warpgroup pipelining (S of tile n-1 issued before the softmax of tile
+// n) was measured no faster here on top of that (docs/PERF.md, session 2 run 4) and is not used.
 // Used for the 128-row tile when the device is sm_90 and there is one split (fwd_launch_template.h).
 #pragma once
 
@@ -93,9 +97,10 @@ __device__ __forceinline__ auto gmma_acc_to_a_operand(Layout acc) {
                      coalesce(make_layout(get<2, 1>(l), get<2>(acc))));
 }
 
-// acc (+)= A B over all K steps on the tensor cores of this warpgroup, then wait for it.
+// Issues acc (+)= A B over all K steps on this warpgroup's tensor cores as one wgmma group,
+// without waiting (warpgroup_wait<N> and warpgroup_fence_operand(acc) collect it).
 template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& acc) {
+__device__ __forceinline__ void wgmma_issue(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& acc) {
   warpgroup_fence_operand(acc);
   warpgroup_arrive();
   tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
@@ -105,8 +110,6 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA& tA, const TB
     tiled_mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
 }
 
 template <class Traits>
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
   auto kv_off = [&](int n) { return kv_off_buf + (n % kStages) * kBlockN; };
 
-  auto issue_tile = [&](int n) {  // always one commit group (possibly empty)
+  auto issue_tile = [&](int n) {  // K and V of tile n: always one commit group (possibly empty)
     if (n >= tiles.lo) {
       auto k_stage = sK(n % kStages);
       auto v_stage = sV(n % kStages);
@@ -158,13 +161,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
     if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, kv_off(n), tid);
   };
 
-  // ---- prologue (as splitkeys_kernel.h)
+  // ---- prologue: Q and tile hi-1 in flight; offsets of tile hi-2 ready after the next barrier
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
-  for (int i = 1; i < kStages; ++i) offsets_of_tile(tiles.hi - i);
+  offsets_of_tile(tiles.hi - 1);
   __syncthreads();
   if (tiles.hi > tiles.lo) load_q<Traits>(p, q_off, sQ, tid);
-  for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
-  offsets_of_tile(tiles.hi - kStages);
+  issue_tile(tiles.hi - 1);
+  offsets_of_tile(tiles.hi - 2);
 
   // ---- MMA partitions (thread slices of the two-warpgroup tiled MMAs)
   typename Traits::TiledMmaS mma_s;
@@ -188,36 +191,40 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
     row_sum[i] = 0.0f;
   }
 
-  // ---- mainloop over key tiles, last first
+  Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
+
+  // ---- mainloop over key tiles, last first (the scores and P are local to the tile, which
+  // keeps the narrow d = 128 tile within its 128 registers)
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<0>();
     cutlass::arch::fence_view_async_shared();  // this thread's cp.async data, to wgmma's proxy
     __syncthreads();  // tile n landed for all; every warpgroup is done with tile n+1's stage
-    issue_tile(n - (kStages - 1));
-    offsets_of_tile(n - kStages);
-    const int stage = n % kStages;
+    issue_tile(n - 1);
+    offsets_of_tile(n - 2);  // into tile n's table (its copies are issued)
 
-    Tensor tSrK = thr_s.partition_fragment_B(sK(stage));
+    Tensor tSrK = thr_s.partition_fragment_B(sK(n % kStages));
     Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    wgmma_gemm<true>(mma_s, tSrQ, tSrK, acc_s);
+    wgmma_issue<true>(mma_s, tSrQ, tSrK, acc_s);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
 
     Tensor s = make_tensor(acc_s.data(), gmma_acc_to_rowcol(acc_s.layout()));  // (kRows, kBlockN)
     const int j0 = n * kBlockN;
     const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
     apply_score_rules(p, c, sc, s, tScS_rc, j0, need_mask);
-    Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
     online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
 
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
-    Tensor tOrV = thr_o.partition_fragment_B(sVt(stage));
-    wgmma_gemm<false>(mma_o, tOrP, tOrV, acc_o);
+    Tensor tOrV = thr_o.partition_fragment_B(sVt(n % kStages));
+    wgmma_issue<false>(mma_o, tOrP, tOrV, acc_o);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
   }
 
   // ---- epilogue: normalise, LSE, O through shared memory (Q's buffer) to 16-byte row stores
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done with sQ
-  Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
   Tensor tOcO = thr_o.partition_C(cO);
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
