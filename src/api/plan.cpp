@@ -63,15 +63,10 @@ Workspace workspace_layout(const Problem& p, int num_splits) {
 }
 
 int processors_of(const Problem& p, int num_threads) {
-  if (p.device == Device::cuda) {
-    // Resident CTAs per SM: the decode kernel's for 16-row tiles (rules.h
-    // splitkeys_ctas_per_sm), else two, as in FlashAttention-2's heuristic call.
-    const int rows = rows_per_unit(p, should_pack_gqa(p.seqlen_q, p.heads, p.heads_k));
-    const int per_sm = query_tile_rows_for(rows) == kQueryTileRowsDecode
-                           ? splitkeys_ctas_per_sm(p.head_dim)
-                           : kCtasPerSm;
-    return per_sm * cuda::num_sms(p.device_index);
-  }
+  // Two split-KV CTAs per SM, as in FlashAttention-2's heuristic call. (Counting the decode
+  // kernel's three resident CTAs, which gives more splits at batch 8, measured no faster:
+  // docs/PERF.md, session 2 run 3.)
+  if (p.device == Device::cuda) return kCtasPerSm * cuda::num_sms(p.device_index);
   if (num_threads > 0) return num_threads;
   return std::max(1u, std::thread::hardware_concurrency());
 }

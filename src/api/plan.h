@@ -15,8 +15,7 @@ constexpr double kSplitFillFraction = 0.8;
 // Take the fewest splits whose wave efficiency is within 85% of the best.
 constexpr double kSplitEfficiencyFraction = 0.85;
 constexpr size_t kWorkspaceAlign = 256;
-// CUDA: resident split-KV CTAs per SM counted by the split heuristic (tiles of more than 16
-// rows; the decode kernel's count is rules.h splitkeys_ctas_per_sm).
+// CUDA: resident split-KV CTAs per SM counted by the split heuristic.
 constexpr int kCtasPerSm = 2;
 
 // FlashAttention-2's wave-efficiency heuristic. work_tiles: CTAs without splitting;

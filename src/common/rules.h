@@ -137,12 +137,6 @@ FA_HD int query_tile_rows_for(int64_t rows) {
   return rows <= kQueryTileRowsShort ? kQueryTileRowsShort : kQueryTileRows;
 }
 
-// CTAs of the decode kernel (16-row tiles, src/cuda/splitkeys_kernel.h) resident on one SM: its
-// 3-stage K/V buffers (~104 KB at d = 128) allow two up to d = 128; above, its 2-stage buffers
-// take most of the SM (~139 KB at d = 256). The kernel is compiled for this many
-// (__launch_bounds__) and the split heuristic counts this many per SM.
-FA_HD constexpr int splitkeys_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 2 : 1; }
-
 FA_HD int query_tile_rows(const AttnParams& p) {
   return query_tile_rows_for(int64_t(p.seqlen_q) * (p.pack_gqa ? p.num_heads / p.num_heads_k : 1));
 }

@@ -6,8 +6,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "common/rules.h"
-
 namespace flashattn {
 namespace cuda {
 
@@ -152,9 +150,9 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 template <int kHeadDim>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  // K/V buffers: two tiles in flight while one is computed up to d = 128 (~104 KB at d = 128,
-  // two CTAs per SM); one above (~139 KB at d = 256).
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  // K/V buffers: one tile in flight while one is computed. (3 stages at 2 CTAs per SM measured
+  // 2-4% slower at batch 8-32 than 2 stages at 3 CTAs per SM; docs/PERF.md.)
+  static constexpr int kStages = 2;
 };
 
 template <typename Element_, int kHeadDim_>
@@ -194,8 +192,9 @@ struct SplitKeysTraits
                                     kSmemRowOffsetBytes + kSmemMergeStatBytes +
                                     Base::kSmemCtaInfoBytes;
   static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
-  // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)).
-  static constexpr int kMinBlocksPerSm = splitkeys_ctas_per_sm(kHeadDim);
+  // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)): ~71 KB
+  // of smem at d = 128 lets three share an SM; above d = 128, one (~139 KB at d = 256).
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 3 : 1;
 };
 
 }  // namespace cuda
