@@ -154,6 +154,19 @@ int num_sms(int device_index) {
   return sms;
 }
 
+int compute_capability_major(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device_index);
+  if (it != cache.end()) return it->second;
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index),
+             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+  cache[device_index] = major;
+  return major;
+}
+
 bool device_has_wgmma(int device_index) {
   static std::mutex mutex;
   static std::unordered_map<int, bool> cache;

@@ -101,6 +101,11 @@ struct VecF<1> {
 template <typename Element, int kVec>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) combine_kernel(const AttnParams p, int width) {
   __shared__ CombineShared sh;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the attention kernel (launch_combine): wait here
+  // until that grid has finished and its partials are visible.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   // blockIdx.x enumerates (b, head, i) with i fastest; blockIdx.y is the column slice.
   const int64_t row = blockIdx.x;
   const int i = int(row % p.seqlen_q);
@@ -158,9 +163,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) combine_kernel(cons
 // more blocks, and more loads, are in flight: b=1, h=32, d=128, 128 splits ran at 188 GB/s with
 // one block per row on H200 (32 blocks for 132 SMs).
 int choose_width(const AttnParams& p, int64_t rows, int chunks) {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const int64_t target_blocks = int64_t(kTargetBlocksPerSm) * num_sms(device);
+  const int64_t target_blocks = int64_t(kTargetBlocksPerSm) * num_sms(p.device_index);
   int width = chunks < kThreads ? chunks : kThreads;
   auto slices = [&](int w) { return int64_t((chunks + w - 1) / w); };
   while (width > kMinWidth && rows * slices(width) < target_blocks &&
@@ -183,10 +186,25 @@ void launch_combine(const AttnParams& params, cudaStream_t stream) {
   const int chunks = vec4 ? params.head_dim / 4 : params.head_dim;
   const int width = choose_width(params, rows, chunks);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((chunks + width - 1) / width));
+  // On sm_90 the combine is a programmatic dependent launch: it is scheduled while the attention
+  // grid drains (its blocks wait in griddepcontrol.wait), which hides one launch latency per
+  // split decode call.
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (compute_capability_major(params.device_index) >= 9) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
   if (vec4) {
-    combine_kernel<Element, 4><<<grid, kThreads, 0, stream>>>(params, width);
+    check_cuda(cudaLaunchKernelEx(&config, combine_kernel<Element, 4>, params, width), "cudaLaunchKernelEx(combine_kernel)");
   } else {
-    combine_kernel<Element, 1><<<grid, kThreads, 0, stream>>>(params, width);
+    check_cuda(cudaLaunchKernelEx(&config, combine_kernel<Element, 1>, params, width), "cudaLaunchKernelEx(combine_kernel)");
   }
   check_launch("combine_kernel");
 }

@@ -507,6 +507,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   }
 
   // ---- epilogue: normalise, LSE, store
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine kernel (split-KV) may start launching; it waits for this grid to finish.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with sQ/sK/sV; sQ becomes the O staging buffer
 

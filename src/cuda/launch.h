@@ -21,14 +21,17 @@ void run_combine(const AttnParams& params, cudaStream_t stream);
 // Appends k_new/v_new into the cache with rotary, and rotates q into q_rot (src/cuda/append.cu).
 void run_append_kernel(const AppendParams& params, cudaStream_t stream);
 
+// The device's compute capability major version (cached per device).
+int compute_capability_major(int device_index);
+
 // True when the device runs the sm_90a kernels (compute capability 9.0) and the environment
 // does not set FLASHATTN_NO_WGMMA=1 (a switch for testing and timing the mma.sync kernels on
 // Hopper). Cached per device.
 bool device_has_wgmma(int device_index);
 
-// Which wgmma tile serves head dim d <= 128 (wgmma_kernel.h WgmmaTile): narrow (measured faster
-// at d = 64 and 128, docs/PERF.md); FLASHATTN_WGMMA_TILE=wide overrides it (for timing both on
-// one GPU).
+// Which wgmma tile serves head dim d (wgmma_kernel.h WgmmaTile): narrow up to d = 128 (measured
+// faster than wide at d = 64 and 128, docs/PERF.md), wide above. FLASHATTN_WGMMA_TILE=wide
+// overrides it (for timing both tiles on one GPU).
 enum class WgmmaTileChoice { wide, narrow };
 WgmmaTileChoice wgmma_tile_choice(int head_dim);
 

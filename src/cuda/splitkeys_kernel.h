@@ -156,6 +156,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
   }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine kernel (split-KV) may start launching; it waits for this grid to finish.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+
   // ---- merge the warps: per row the max M and sum L over warps, O = sum_w O_w e^(m_w - M) / L
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them

@@ -116,7 +116,9 @@ def test_num_threads(rng):
         b = flashattn.flash_attn_func(q, k, v)
     finally:
         flashattn.set_num_threads(0)
-    np.testing.assert_array_equal(a, b)
+    # The split heuristic counts threads: with many cores the call may split the keys, which
+    # changes the order of the sums (and the last bit), never more.
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 # ---- varlen -------------------------------------------------------------------------------------
