@@ -380,6 +380,56 @@ __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_ma
   rescale_rows(o_rc, correction);
 }
 
+// Every row starts with max -inf and sum 0 (no key seen).
+template <int kRows>
+__device__ __forceinline__ void start_softmax_rows(float (&row_max)[kRows], float (&row_sum)[kRows]) {
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.0f;
+  }
+}
+
+// ---- multi-stage K/V buffers (splitkeys_kernel.h, wgmma_kernel.h) -------------------------
+//
+// Traits::kStages K buffers, Traits::kStages V buffers and one row-offset table per stage in
+// shared memory; key tile n lives in stage n % kStages.
+template <class Traits>
+struct KvStages {
+  using Element = typename Traits::Element;
+  static constexpr int kElems = int(cute::cosize_v<typename Traits::SmemLayoutKV>);
+  Element* k;              // [kStages] K tiles
+  Element* v;              // [kStages] V tiles
+  KvRowOffsets* tables;    // [kStages][kBlockN] (paged K/V only)
+
+  __device__ __forceinline__ auto k_tile(int stage) const {
+    return make_tensor(make_smem_ptr(k + stage * kElems), typename Traits::SmemLayoutKV{});
+  }
+  __device__ __forceinline__ auto v_tile(int stage) const {
+    return make_tensor(make_smem_ptr(v + stage * kElems), typename Traits::SmemLayoutKV{});
+  }
+  __device__ __forceinline__ KvRowOffsets* table(int n) const {
+    return tables + (n % Traits::kStages) * Traits::kBlockN;
+  }
+  // The K and V copies of tile n into its stage: always one commit group (possibly empty, for
+  // n before the first tile), so that wait_group counts stay in step near the end of the walk.
+  __device__ __forceinline__ void issue(const AttnParams& p, const CtaInfo& c,
+                                        const CtaKeyTiles& tiles, int n, int tid) const {
+    if (n >= tiles.lo) {
+      auto k_stage = k_tile(n % Traits::kStages);
+      auto v_stage = v_tile(n % Traits::kStages);
+      load_kv<Traits, false>(p, c, table(n), n, k_stage, tid);
+      load_kv<Traits, true>(p, c, table(n), n, v_stage, tid);
+    }
+    cp_async_commit();
+  }
+  // Paged K/V: the row offsets of tile n into its table, read by issue() after a barrier.
+  __device__ __forceinline__ void prepare(const AttnParams& p, const CtaInfo& c,
+                                          const CtaKeyTiles& tiles, int n, int tid) const {
+    if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, table(n), tid);
+  }
+};
+
 // ---- the kernel ----------------------------------------------------------------------------
 
 template <class Traits>
@@ -460,11 +510,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   // Per row only the softmax state lives in registers (they are the scarce resource at d = 128);
   // the query index, visible range and ALiBi slope are re-derived on the tiles that need them.
   float row_max[kRows], row_sum[kRows];
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.0f;
-  }
+  start_softmax_rows(row_max, row_sum);
 
   // ---- mainloop over key tiles, last first
   for (int n = tile_hi - 1; n >= tile_lo; --n) {

@@ -46,33 +46,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   Element* smem_k = smem_q + cute::cosize_v<typename Traits::SmemLayoutQ>;
   Element* smem_v = smem_k + kStages * kKVElems;
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (16, d)
-  auto sK = [&](int stage) {
-    return make_tensor(make_smem_ptr(smem_k + stage * kKVElems), typename Traits::SmemLayoutKV{});
-  };
-  auto sV = [&](int stage) {
-    return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutKV{});
-  };
   int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
   int64_t* o_off = q_off + kBlockM;
   KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
-  auto kv_off = [&](int n) { return kv_off_buf + (n % kStages) * kBlockN; };
+  const KvStages<Traits> kv{smem_k, smem_v, kv_off_buf};
   float* merge_max = reinterpret_cast<float*>(kv_off_buf + kStages * kBlockN);  // [kNWarps][16]
   float* merge_sum = merge_max + kNWarps * kBlockM;                             // [kNWarps][16]
-
-  // Issues the K and V copies of tile n into its stage (always one commit group, possibly
-  // empty, so that wait_group counts stay in step near the end of the walk).
-  auto issue_tile = [&](int n) {
-    if (n >= tiles.lo) {
-      auto k_stage = sK(n % kStages);
-      auto v_stage = sV(n % kStages);
-      load_kv<Traits, false>(p, c, kv_off(n), n, k_stage, tid);
-      load_kv<Traits, true>(p, c, kv_off(n), n, v_stage, tid);
-    }
-    cp_async_commit();
-  };
-  auto offsets_of_tile = [&](int n) {
-    if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, kv_off(n), tid);
-  };
+  auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
+  auto offsets_of_tile = [&](int n) { kv.prepare(p, c, tiles, n, tid); };
 
   // ---- prologue: Q and the first kStages-1 tiles in flight; offsets of the next tile ready
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
@@ -87,7 +68,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(lane);
   auto warp_k = [&](int stage) {
-    return local_tile(sK(stage), typename Traits::WarpKeys{}, make_coord(warp, 0));  // (keys, d)
+    return local_tile(kv.k_tile(stage), typename Traits::WarpKeys{}, make_coord(warp, 0));  // (keys, d)
   };
   auto warp_vt = [&](int stage) {
     auto vt = make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutVt{});
@@ -118,11 +99,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const ScoreScale sc(p);
   float row_max[kRows], row_sum[kRows];
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.0f;
-  }
+  start_softmax_rows(row_max, row_sum);
 
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {

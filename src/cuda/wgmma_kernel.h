@@ -134,32 +134,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   Element* smem_k = smem_q + Traits::kQElems;
   Element* smem_v = smem_k + kStages * kKVElems;
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
-  auto sK = [&](int stage) {
-    return make_tensor(make_smem_ptr(smem_k + stage * kKVElems), typename Traits::SmemLayoutKV{});
-  };
-  auto sV = [&](int stage) {
-    return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutKV{});
-  };
   auto sVt = [&](int stage) {
     return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutVt{});
   };
   int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
   int64_t* o_off = q_off + kBlockM;
   KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
-  auto kv_off = [&](int n) { return kv_off_buf + (n % kStages) * kBlockN; };
-
-  auto issue_tile = [&](int n) {  // K and V of tile n: always one commit group (possibly empty)
-    if (n >= tiles.lo) {
-      auto k_stage = sK(n % kStages);
-      auto v_stage = sV(n % kStages);
-      load_kv<Traits, false>(p, c, kv_off(n), n, k_stage, tid);
-      load_kv<Traits, true>(p, c, kv_off(n), n, v_stage, tid);
-    }
-    cp_async_commit();
-  };
-  auto offsets_of_tile = [&](int n) {
-    if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, kv_off(n), tid);
-  };
+  const KvStages<Traits> kv{smem_k, smem_v, kv_off_buf};
+  auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
+  auto offsets_of_tile = [&](int n) { kv.prepare(p, c, tiles, n, tid); };
 
   // ---- prologue: Q and tile hi-1 in flight; offsets of tile hi-2 ready after the next barrier
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
@@ -185,11 +168,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
 
   const ScoreScale sc(p);
   float row_max[kRows], row_sum[kRows];
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.0f;
-  }
+  start_softmax_rows(row_max, row_sum);
 
   Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
 
@@ -202,7 +181,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
     issue_tile(n - 1);
     offsets_of_tile(n - 2);  // into tile n's table (its copies are issued)
 
-    Tensor tSrK = thr_s.partition_fragment_B(sK(n % kStages));
+    Tensor tSrK = thr_s.partition_fragment_B(kv.k_tile(n % kStages));
     Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wgmma_issue<true>(mma_s, tSrQ, tSrK, acc_s);
     warpgroup_wait<0>();
