@@ -380,6 +380,32 @@ __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_ma
   rescale_rows(o_rc, correction);
 }
 
+// O rows from the staged smem tile sO (kBlockM x kHeadDim, Element) to global memory with
+// 16-byte stores, row r at p.o + o_off[r] (kNoRow: not stored), columns < head_dim.
+template <class Traits, class SmemTensor>
+__device__ __forceinline__ void store_o_rows(const AttnParams& p, const SmemTensor& sO,
+                                             const int64_t* o_off, int tid) {
+  if (tid >= Traits::kGmemThreads) return;
+  using Element = typename Traits::Element;
+  Element* o = static_cast<Element*>(p.o);
+  typename Traits::GmemTiledCopy gmem_copy;
+  auto thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tOsO = thr_copy.partition_S(sO);  // (CPY, CPY_M, CPY_K)
+  Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
+  Tensor tOcO = thr_copy.partition_S(cO);  // (CPY, CPY_M, CPY_K) -> (row, col)
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOsO); ++m) {
+    const int64_t off = o_off[get<0>(tOcO(0, m, 0))];
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOsO); ++k) {
+      const int col = get<1>(tOcO(0, m, k));
+      if (off != kNoRow && col < p.head_dim) {
+        *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&tOsO(0, m, k));
+      }
+    }
+  }
+}
+
 // Every row starts with max -inf and sum 0 (no key seen).
 template <int kRows>
 __device__ __forceinline__ void start_softmax_rows(float (&row_max)[kRows], float (&row_sum)[kRows]) {
@@ -618,22 +644,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   copy(smem_copy_o, taccOrO, taccOsO);
   __syncthreads();
 
-  Element* o = static_cast<Element*>(p.o);
-  typename Traits::GmemTiledCopy gmem_copy;
-  auto thr_copy = gmem_copy.get_thread_slice(tid);
-  Tensor tOsO = thr_copy.partition_S(sO);  // (CPY, CPY_M, CPY_K)
-  Tensor tOcO_g = thr_copy.partition_S(cO);  // (CPY, CPY_M, CPY_K) -> (row, col)
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOsO); ++m) {
-    const int64_t off = o_off[get<0>(tOcO_g(0, m, 0))];
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOsO); ++k) {
-      const int col = get<1>(tOcO_g(0, m, k));
-      if (off != kNoRow && col < p.head_dim) {
-        *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&tOsO(0, m, k));
-      }
-    }
-  }
+  store_o_rows<Traits>(p, sO, o_off, tid);
 }
 
 }  // namespace fwd

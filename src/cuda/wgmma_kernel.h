@@ -224,22 +224,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   }
   __syncthreads();
 
-  Element* o = static_cast<Element*>(p.o);
-  typename Traits::GmemTiledCopy gmem_copy;
-  auto thr_copy = gmem_copy.get_thread_slice(tid);
-  Tensor tOsO = thr_copy.partition_S(sO);    // (CPY, CPY_M, CPY_K)
-  Tensor tOcO_g = thr_copy.partition_S(cO);  // (CPY, CPY_M, CPY_K) -> (row, col)
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOsO); ++m) {
-    const int64_t off = o_off[get<0>(tOcO_g(0, m, 0))];
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOsO); ++k) {
-      const int col = get<1>(tOcO_g(0, m, k));
-      if (off != kNoRow && col < p.head_dim) {
-        *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&tOsO(0, m, k));
-      }
-    }
-  }
+  store_o_rows<Traits>(p, sO, o_off, tid);
 #endif
 }
 
