@@ -141,54 +141,50 @@ bool available() {
   return count > 0;
 }
 
-int num_sms(int device_index) {
+namespace {
+
+// What the dispatch asks of a device, read once per device.
+struct DeviceInfo {
+  int sms = 0;
+  int cc_major = 0, cc_minor = 0;
+};
+
+const DeviceInfo& device_info(int device_index) {
   static std::mutex mutex;
-  static std::unordered_map<int, int> cache;
+  static std::unordered_map<int, DeviceInfo> cache;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(device_index);
   if (it != cache.end()) return it->second;
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index),
+  DeviceInfo info;
+  check_cuda(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device_index),
              "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-  cache[device_index] = sms;
-  return sms;
+  check_cuda(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device_index),
+             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+  check_cuda(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
+             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
+  return cache.emplace(device_index, info).first->second;  // node-based: the reference stays valid
 }
 
-int compute_capability_major(int device_index) {
-  static std::mutex mutex;
-  static std::unordered_map<int, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device_index);
-  if (it != cache.end()) return it->second;
-  int major = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
-  cache[device_index] = major;
-  return major;
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::string(set) == value;
 }
+
+}  // namespace
+
+int num_sms(int device_index) { return device_info(device_index).sms; }
+
+int compute_capability_major(int device_index) { return device_info(device_index).cc_major; }
 
 bool device_has_wgmma(int device_index) {
-  static std::mutex mutex;
-  static std::unordered_map<int, bool> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device_index);
-  if (it != cache.end()) return it->second;
-  int major = 0, minor = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
-  const char* off = std::getenv("FLASHATTN_NO_WGMMA");
-  const bool disabled = off != nullptr && std::string(off) == "1";
-  const bool result = major == 9 && minor == 0 && !disabled;
-  cache[device_index] = result;
-  return result;
+  static const bool disabled = env_is("FLASHATTN_NO_WGMMA", "1");
+  const DeviceInfo& info = device_info(device_index);
+  return info.cc_major == 9 && info.cc_minor == 0 && !disabled;
 }
 
-WgmmaTileChoice wgmma_tile_choice(int head_dim) {
-  static const char* forced = std::getenv("FLASHATTN_WGMMA_TILE");
-  if (forced != nullptr && std::string(forced) == "wide") return WgmmaTileChoice::wide;
-  return head_dim <= 128 ? WgmmaTileChoice::narrow : WgmmaTileChoice::wide;
+bool wgmma_force_wide() {
+  static const bool forced = env_is("FLASHATTN_WGMMA_TILE", "wide");
+  return forced;
 }
 
 bool supports(DType dtype, int head_dim) {

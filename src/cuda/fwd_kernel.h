@@ -434,6 +434,10 @@ struct KvStages {
   __device__ __forceinline__ auto v_tile(int stage) const {
     return make_tensor(make_smem_ptr(v + stage * kElems), typename Traits::SmemLayoutKV{});
   }
+  // V of a stage seen as (d, n), the B operand of P V.
+  __device__ __forceinline__ auto vt_tile(int stage) const {
+    return make_tensor(make_smem_ptr(v + stage * kElems), typename Traits::SmemLayoutVt{});
+  }
   __device__ __forceinline__ KvRowOffsets* table(int n) const {
     return tables + (n % Traits::kStages) * Traits::kBlockN;
   }

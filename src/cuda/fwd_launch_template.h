@@ -18,8 +18,8 @@
 namespace flashattn {
 namespace cuda {
 
-// Launches kernel (fwd_kernel or splitkeys_kernel instantiated for Traits) over the grid
-// (query tiles, splits, batch x heads).
+// Launches kernel (fwd_kernel, splitkeys_kernel or wgmma_kernel, instantiated for Traits) over
+// the grid (query tiles, splits, batch x heads).
 template <class Traits, class Kernel>
 void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const char* name) {
   if (p.num_splits > 1 && splitkv_block_n(p.head_dim) != Traits::kBlockN) {
@@ -53,11 +53,12 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
 }
 
 #if defined(FLASHATTN_HAS_SM90A)
-// The wgmma kernel: the narrow tile up to d = 128 (two CTAs per SM fit 128 registers), else wide.
+// The wgmma kernel: the narrow tile up to d = 128 (two CTAs per SM fit 128 registers; measured
+// faster than wide at d = 64 and 128, docs/PERF.md), else wide.
 template <typename Element, int kHeadDim>
 void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
   if constexpr (kHeadDim <= 128) {
-    if (wgmma_tile_choice(kHeadDim) == WgmmaTileChoice::narrow) {
+    if (!wgmma_force_wide()) {
       using Narrow = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow>;
       launch_fwd<Narrow>(params, stream, &fwd::wgmma_kernel<Narrow>, "flashattn wgmma_kernel (narrow)");
       return;

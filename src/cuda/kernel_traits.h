@@ -165,8 +165,8 @@ struct SplitKeysTraits
   static constexpr int kStages = Config::kStages;
   static constexpr int kKeysPerWarp = kBlockN / kNWarps;
   static_assert(kBlockM == 16, "one MMA slab of rows");
+  // Whole MMA K steps, so a warp's key slice also starts on a swizzle atom row (8 rows).
   static_assert(kKeysPerWarp % 16 == 0, "each warp's keys are whole MMA K steps");
-  static_assert(kKeysPerWarp % 8 == 0, "a warp's key slice starts on a swizzle atom row");
 
   // One warp's MMA: 16 rows x (its keys or the head dim), tiled by 16 for ldmatrix.x4.
   using TiledMma = cute::TiledMMA<cute::MMA_Atom<typename MmaAtomFor<Element_>::type>,
@@ -187,10 +187,10 @@ struct SplitKeysTraits
 
   // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
   static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
-  // Q, kStages x (K, V), the row offset tables, the merge statistics, the CTA geometry.
+  // Q, kStages x (K, V), the row offset tables, the merge statistics (the CTA geometry stays in
+  // registers: this kernel has registers to spare).
   static constexpr int kSmemBytes = Base::kSmemQBytes + 2 * kStages * Base::kSmemKVBytes +
-                                    kSmemRowOffsetBytes + kSmemMergeStatBytes +
-                                    Base::kSmemCtaInfoBytes;
+                                    kSmemRowOffsetBytes + kSmemMergeStatBytes;
   static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
   // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)): ~71 KB
   // of smem at d = 128 lets three share an SM; above d = 128, one (~139 KB at d = 256).

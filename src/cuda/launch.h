@@ -29,11 +29,9 @@ int compute_capability_major(int device_index);
 // Hopper). Cached per device.
 bool device_has_wgmma(int device_index);
 
-// Which wgmma tile serves head dim d (wgmma_kernel.h WgmmaTile): narrow up to d = 128 (measured
-// faster than wide at d = 64 and 128, docs/PERF.md), wide above. FLASHATTN_WGMMA_TILE=wide
-// overrides it (for timing both tiles on one GPU).
-enum class WgmmaTileChoice { wide, narrow };
-WgmmaTileChoice wgmma_tile_choice(int head_dim);
+// FLASHATTN_WGMMA_TILE=wide: the wide wgmma tile also at d <= 128, where the narrow one is
+// the default (fwd_launch_template.h launch_wgmma); for timing both tiles on one GPU.
+bool wgmma_force_wide();
 
 // Throws flashattn::Error(runtime) naming the call and the CUDA error.
 void check_cuda(cudaError_t err, const char* what);

@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     return local_tile(kv.k_tile(stage), typename Traits::WarpKeys{}, make_coord(warp, 0));  // (keys, d)
   };
   auto warp_vt = [&](int stage) {
-    auto vt = make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutVt{});
-    return local_tile(vt, typename Traits::WarpKeysT{}, make_coord(0, warp));  // (d, keys)
+    return local_tile(kv.vt_tile(stage), typename Traits::WarpKeysT{}, make_coord(0, warp));  // (d, keys)
   };
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
   Tensor tSrK = thr_mma.partition_fragment_B(warp_k(0));

@@ -134,9 +134,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   Element* smem_k = smem_q + Traits::kQElems;
   Element* smem_v = smem_k + kStages * kKVElems;
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
-  auto sVt = [&](int stage) {
-    return make_tensor(make_smem_ptr(smem_v + stage * kKVElems), typename Traits::SmemLayoutVt{});
-  };
   int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
   int64_t* o_off = q_off + kBlockM;
   KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
@@ -195,7 +192,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
 
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
-    Tensor tOrV = thr_o.partition_fragment_B(sVt(n % kStages));
+    Tensor tOrV = thr_o.partition_fragment_B(kv.vt_tile(n % kStages));
     wgmma_issue<false>(mma_o, tOrP, tOrV, acc_o);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
