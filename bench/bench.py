@@ -47,6 +47,21 @@ def median_ms(fn):
     return sorted(times)[len(times) // 2]
 
 
+def warm_up_gpu(seconds=1.0):
+    """Busy the GPU for a while before the first timing, so that it starts at full clocks."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            a @ a
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > seconds * 1e3:
+            return
+
+
 def sdpa_ms(backend, q, k, v, causal, gqa=False):
     """q (b, s, h, d) etc.; SDPA wants (b, h, s, d): pass transposed views (same memory)."""
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -201,6 +216,7 @@ def main():
     ap.add_argument("--out", help="JSON file for the raw records")
     ap.add_argument("--plot", help="PNG file")
     args = ap.parse_args()
+    warm_up_gpu()
     rows = bench_prefill(args) if args.kind == "prefill" else bench_decode(args)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 cudnn=torch.backends.cudnn.version(), rows=rows)

@@ -146,6 +146,7 @@ struct KVCacheArgs {
 };
 
 constexpr int kMaxSplits = 128;
+constexpr int kMaxHeadDim = 256;  // head dims 1..kMaxHeadDim are served
 
 // What a forward_kvcache call will do. Pure host function of the shapes and options.
 struct Plan {

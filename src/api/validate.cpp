@@ -12,7 +12,6 @@
 
 namespace flashattn {
 
-constexpr int kMaxHeadDim = 256;
 constexpr int kCudaHeadDimMultiple = 8;    // 16-byte rows of fp16/bf16
 constexpr int kCudaAlignmentBytes = 16;    // cp.async 16-byte copies
 constexpr size_t kWorkspaceAlignment = 256;

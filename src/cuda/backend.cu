@@ -182,8 +182,11 @@ bool device_has_wgmma(int device_index) {
   return info.cc_major == 9 && info.cc_minor == 0 && !disabled;
 }
 
-bool wgmma_force_wide() {
-  static const bool forced = env_is("FLASHATTN_WGMMA_TILE", "wide");
+WgmmaTileEnv wgmma_tile_env() {
+  static const WgmmaTileEnv forced = env_is("FLASHATTN_WGMMA_TILE", "wide")       ? WgmmaTileEnv::wide
+                                     : env_is("FLASHATTN_WGMMA_TILE", "narrow")   ? WgmmaTileEnv::narrow
+                                     : env_is("FLASHATTN_WGMMA_TILE", "narrow96") ? WgmmaTileEnv::narrow96
+                                                                                  : WgmmaTileEnv::automatic;
   return forced;
 }
 

@@ -268,9 +268,16 @@ __device__ __forceinline__ CtaKeyTiles cta_key_tiles(const AttnParams& p, const 
   t.lo = keys.lo / kBlockN;
   t.hi = keys.hi > keys.lo ? (keys.hi + kBlockN - 1) / kBlockN : t.lo;
   if (p.num_splits > 1) {
-    const KeyRange cut = split_tiles(split, p.num_splits, t.lo, t.hi);
-    t.lo = cut.lo;
-    t.hi = cut.hi;
+    // Splits are cut at whole splitkv_block_n(head_dim)-key units, as the CPU backend cuts
+    // them; a unit is a whole number of this kernel's tiles (launch_fwd checks), also when a
+    // larger compiled head dim serves this one.
+    const int unit = splitkv_block_n(p.head_dim);
+    const int tiles_per_unit = unit / kBlockN;
+    const KeyRange cut = split_tiles(split, p.num_splits, keys.lo / unit,
+                                     keys.hi > keys.lo ? (keys.hi + unit - 1) / unit : keys.lo / unit);
+    t.lo = max(t.lo, cut.lo * tiles_per_unit);
+    t.hi = min(t.hi, cut.hi * tiles_per_unit);
+    if (t.hi < t.lo) t.hi = t.lo;
   }
   // First row's range ends earliest and the last row's starts latest.
   t.mask_free_lo = visible_keys(p, q_last, c.seq.seqlen_q, c.seq.seqlen_k).lo;

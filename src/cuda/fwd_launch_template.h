@@ -22,12 +22,12 @@ namespace cuda {
 // the grid (query tiles, splits, batch x heads).
 template <class Traits, class Kernel>
 void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const char* name) {
-  if (p.num_splits > 1 && splitkv_block_n(p.head_dim) != Traits::kBlockN) {
-    // The CPU backend cuts splits at splitkv_block_n-row tiles; both must cut at the same keys.
+  if (p.num_splits > 1 && splitkv_block_n(p.head_dim) % Traits::kBlockN != 0) {
+    // Splits are cut at splitkv_block_n-key units (as on the CPU backend), whole kernel tiles.
     throw Error(Error::Kind::runtime,
-                "flashattn fwd: split-KV tile rows splitkv_block_n(" + std::to_string(p.head_dim) +
+                "flashattn fwd: split-KV unit splitkv_block_n(" + std::to_string(p.head_dim) +
                     ") = " + std::to_string(splitkv_block_n(p.head_dim)) +
-                    " differ from the kernel's kBlockN = " + std::to_string(Traits::kBlockN));
+                    " is not a multiple of the kernel's kBlockN = " + std::to_string(Traits::kBlockN));
   }
   const int rows_per_query = p.pack_gqa ? p.num_heads / p.num_heads_k : 1;
   const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
@@ -53,12 +53,21 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
 }
 
 #if defined(FLASHATTN_HAS_SM90A)
-// The wgmma kernel: the narrow tile up to d = 128 (two CTAs per SM fit 128 registers; measured
-// faster than wide at d = 64 and 128, docs/PERF.md), else wide.
+// The wgmma kernel: two CTAs per SM up to d = 128 (fit 128 registers; measured faster than wide
+// at d = 64 and 128, docs/PERF.md) with 96-key tiles at d = 64, else wide.
+// FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 overrides the choice where that tile is compiled.
 template <typename Element, int kHeadDim>
 void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
+  const WgmmaTileEnv forced = wgmma_tile_env();
+  if constexpr (kHeadDim == 64) {
+    if (forced == WgmmaTileEnv::automatic || forced == WgmmaTileEnv::narrow96) {
+      using Narrow96 = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow96>;
+      launch_fwd<Narrow96>(params, stream, &fwd::wgmma_kernel<Narrow96>, "flashattn wgmma_kernel (narrow, 96 keys)");
+      return;
+    }
+  }
   if constexpr (kHeadDim <= 128) {
-    if (!wgmma_force_wide()) {
+    if (forced != WgmmaTileEnv::wide) {
       using Narrow = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow>;
       launch_fwd<Narrow>(params, stream, &fwd::wgmma_kernel<Narrow>, "flashattn wgmma_kernel (narrow)");
       return;

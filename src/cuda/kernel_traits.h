@@ -11,9 +11,9 @@ namespace cuda {
 
 // ---- tile shape per head dim ---------------------------------------------------------------
 //
-// FlashAttention-2's Hopper (non-sm8x) choices for its SM80 mainloop. kBlockN must equal
+// FlashAttention-2's Hopper (non-sm8x) choices for its SM80 mainloop. kBlockN must divide
 // rules.h splitkv_block_n(head_dim) for every head dim this instance serves, since the split-KV
-// path cuts at kBlockN-row tiles exactly as the CPU backend does.
+// path cuts at splitkv_block_n-key units exactly as the CPU backend does.
 template <int kHeadDim>
 struct FwdTileConfig;
 

@@ -29,9 +29,10 @@ int compute_capability_major(int device_index);
 // Hopper). Cached per device.
 bool device_has_wgmma(int device_index);
 
-// FLASHATTN_WGMMA_TILE=wide: the wide wgmma tile also at d <= 128, where the narrow one is
-// the default (fwd_launch_template.h launch_wgmma); for timing both tiles on one GPU.
-bool wgmma_force_wide();
+// FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 forces that wgmma tile where it is compiled
+// (fwd_launch_template.h launch_wgmma picks otherwise); for timing the tiles on one GPU.
+enum class WgmmaTileEnv { automatic, wide, narrow, narrow96 };
+WgmmaTileEnv wgmma_tile_env();
 
 // Throws flashattn::Error(runtime) naming the call and the CUDA error.
 void check_cuda(cudaError_t err, const char* what);

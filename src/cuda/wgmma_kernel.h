@@ -27,13 +27,16 @@ namespace cuda {
 // atoms). Wide: kBlockN 128 (64 for d > 128, so that O and S fit in registers), one CTA per SM.
 // Narrow: kBlockN 64 and two CTAs per SM (<= 128 registers; smem 48 KB at d = 64, 100 KB at
 // d = 128), so that one CTA's softmax and prologue overlap the other's tensor-core work.
-enum class WgmmaTile { wide, narrow };
+// Narrow96: the narrow tile with 96 keys, for d = 64 (O needs 32 registers there, so a 96-key S
+// still fits 128 registers; 128 keys spill): fewer barriers and K/V tiles per key.
+enum class WgmmaTile { wide, narrow, narrow96 };
 
 template <int kHeadDim, WgmmaTile kTile>
 struct WgmmaTileConfig {
-  static constexpr bool kNarrow = kTile == WgmmaTile::narrow;
-  static constexpr int kBlockN = (kNarrow || kHeadDim > 128) ? 64 : 128;
-  static constexpr int kMinBlocksPerSm = kNarrow ? 2 : 1;
+  static constexpr bool kTwoPerSm = kTile != WgmmaTile::wide;
+  static constexpr int kBlockN = kTile == WgmmaTile::narrow96 ? 96 : (kTwoPerSm || kHeadDim > 128) ? 64 : 128;
+  static constexpr int kMinBlocksPerSm = kTwoPerSm ? 2 : 1;
+  static_assert(kTile != WgmmaTile::narrow96 || kHeadDim == 64, "96-key narrow tile: d = 64 only");
 };
 
 template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
