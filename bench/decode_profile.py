@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """What the GPU does during one small decode call, for us and for SDPA (FlashAttention-2, cuDNN):
-the kernels of each call and their CUDA times (torch.profiler), and our time over explicit split
-counts (do_bench medians with a caller workspace, as bench.py).
+eager times first (do_bench medians with a caller workspace, as bench.py), our time over explicit
+split counts, then the kernels of each call and their CUDA times (torch.profiler; after the
+timings, since a profiler session disturbs the timings that follow it).
 
-    python3 bench/decode_profile.py --points 1x1024 1x4096 8x1024 --splits 0 1 2 4 8 16
+    python3 bench/decode_profile.py --points 1x1024 1x4096 8x1024 --splits 1 2 4 8 16
 """
 import argparse
 from collections import defaultdict
@@ -21,14 +22,28 @@ H, HK, D = 32, 8, 128
 CALLS = 20
 
 
-def kernels_per_call(fn):
+def median_us(fn, backend=None):
+    if backend is None:
+        return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    with sdpa_kernel(backend):
+        return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def kernels_per_call(fn, backend=None):
     """(name, mean CUDA us per call) of every kernel fn launches, from CALLS profiled calls."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
+    def run():
+        fn()
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(CALLS):
+                fn()
+            torch.cuda.synchronize()
+        return prof
+    if backend is None:
+        prof = run()
+    else:
+        with sdpa_kernel(backend):
+            prof = run()
     totals = defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -36,53 +51,50 @@ def kernels_per_call(fn):
     return sorted(((n, t / CALLS) for n, t in totals.items()), key=lambda x: -x[1])
 
 
+def calls_of(b, ctx):
+    q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+    out = torch.empty_like(q)
+
+    def ours(splits=0):
+        plan = flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=splits)
+        ws = flashattn.allocate_workspace(plan, like=q)
+        return lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, out=out,
+                                                         workspace=ws, num_splits=splits)
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    plan = flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens)
+    return plan, ours, [("ours", ours(), None), ("flash", sdpa, SDPBackend.FLASH_ATTENTION),
+                        ("cudnn", sdpa, SDPBackend.CUDNN_ATTENTION)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", nargs="+", default=["1x1024", "1x4096", "1x16384", "1x65536", "8x1024",
-                                                     "8x16384", "128x1024"])
-    ap.add_argument("--splits", nargs="+", type=int, default=[0, 1, 2, 4, 8, 16, 32])
+                                                     "8x4096", "8x16384", "128x1024"])
+    ap.add_argument("--splits", nargs="*", type=int, default=[])
+    ap.add_argument("--no-profile", action="store_true")
     a = ap.parse_args()
     warm_up_gpu()
-    for point in a.points:
-        b, ctx = map(int, point.split("x"))
-        q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
-        out = torch.empty_like(q)
-        plan = flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens)
-        print(f"== b={b} ctx={ctx}: plan splits={plan.num_splits} pack_gqa={plan.pack_gqa}", flush=True)
-
-        def ours(splits=0):
-            ws = flashattn.allocate_workspace(flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens,
-                                                                     num_splits=splits), like=q)
-            return lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, out=out,
-                                                             workspace=ws, num_splits=splits)
-
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-        def sdpa(backend):
-            def fn():
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
-            return fn
-
-        # Without cache_seqlens the kernel reads no per-sequence length first (as SDPA).
-        no_seqlens = lambda: flashattn.flash_attn_with_kvcache(q, k, v, out=out)
-        for label, fn in [("ours", ours()), ("ours-n", no_seqlens), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
-                          ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]:
-            ks = kernels_per_call(fn)
-            total = sum(t for _, t in ks)
-            eager = do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-            print(f"  {label:6s} eager {eager:7.1f} us, kernels {total:7.1f} us: " +
-                  "; ".join(f"{n[:60]} {t:.1f}" for n, t in ks[:4]), flush=True)
-        line = []
-        for s in a.splits:
-            if s > 128:
-                continue
-            t = do_bench(ours(s), warmup=25, rep=100, return_mode="median") * 1e3
-            line.append(f"{s}:{t:.1f}")
-        print("  splits (us): " + " ".join(line), flush=True)
-        del q, k, v, out
+    points = [tuple(map(int, p.split("x"))) for p in a.points]
+    for b, ctx in points:
+        plan, ours, calls = calls_of(b, ctx)
+        times = " ".join(f"{label} {median_us(fn, backend):.1f}" for label, fn, backend in calls)
+        line = f"b={b} ctx={ctx} splits={plan.num_splits}: {times} us"
+        if a.splits:
+            line += "; splits " + " ".join(f"{s}:{median_us(ours(s)):.1f}" for s in a.splits if s <= 128)
+        print(line, flush=True)
+        torch.cuda.empty_cache()
+    if a.no_profile:
+        return
+    for b, ctx in points:
+        _, _, calls = calls_of(b, ctx)
+        for label, fn, backend in calls:
+            ks = kernels_per_call(fn, backend)
+            print(f"  b={b} ctx={ctx} {label:6s} kernels {sum(t for _, t in ks):7.1f} us: " +
+                  "; ".join(f"{n[:50]} {t:.1f}" for n, t in ks[:3]), flush=True)
         torch.cuda.empty_cache()
 
 

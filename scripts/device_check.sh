@@ -77,6 +77,7 @@ stage_sanitize() {
     "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
     "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 128"
     "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 1 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 128 --causal --append 3 --rotary neox"
+    "--kvcache --splits 12 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
   )
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do
