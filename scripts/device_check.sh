@@ -35,14 +35,15 @@ export LD_LIBRARY_PATH="$PREFIX/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
 status=0
 
-# The sweep runs twice on Hopper: with the wgmma kernel (default) and on the mma.sync kernels
-# alone (FLASHATTN_NO_WGMMA=1), so that both paths are tested on the one GPU we have.
+# The sweep runs twice on Hopper: with the wgmma kernel and the deep decode pipeline (default),
+# then on the mma.sync kernels and the default decode pipeline alone (FLASHATTN_NO_WGMMA=1,
+# FLASHATTN_NO_DEEP_DECODE=1), so that every path is tested on the one GPU we have.
 stage_test() {
   local rc=0
   "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
   rc=${PIPESTATUS[0]}
-  echo "== FLASHATTN_NO_WGMMA=1" | tee -a "$OUT/tests-gpu.log"
-  FLASHATTN_NO_WGMMA=1 "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
+  echo "== FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1" | tee -a "$OUT/tests-gpu.log"
+  FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
 }
 
@@ -78,6 +79,7 @@ stage_sanitize() {
     "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 128"
     "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 1 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 128 --causal --append 3 --rotary neox"
     "--kvcache --splits 12 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
+    "--kvcache --paged --page-size 7 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1"
   )
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do

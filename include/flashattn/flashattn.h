@@ -153,6 +153,7 @@ struct Plan {
   int num_splits = 1;          // split-KV count used (1 = no combine step)
   bool pack_gqa = false;       // query heads sharing a KV head are packed into one tile
   size_t workspace_bytes = 0;  // scratch the call needs (split partials, rotated q)
+  bool deep_decode = false;    // CUDA sm_90: the decode kernel with the deep K/V pipeline
 };
 
 Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -20,6 +20,9 @@ void run_append(const AppendParams& params);
 namespace cuda {
 bool available();                 // compiled in and a device is visible
 int num_sms(int device_index);    // multiprocessors of the device (for planning)
+// SMs when the device runs the deep decode pipeline (sm_90 code compiled, compute capability 9.x,
+// FLASHATTN_NO_DEEP_DECODE unset), else 0 (for planning).
+int deep_decode_sms(int device_index);
 bool supports(DType dtype, int head_dim);  // an instance is compiled for this case
 void run_attention(const AttnParams& params, void* stream);
 void run_append(const AppendParams& params, void* stream);

@@ -114,6 +114,7 @@ void run_attention(const Problem& p, AttnParams& a, const Plan& plan, const Scra
                    void* stream) {
   a.pack_gqa = plan.pack_gqa;
   a.num_splits = plan.num_splits;
+  a.deep_decode = plan.deep_decode;
   if (plan.num_splits > 1) {
     const Workspace w = workspace_layout(p, plan.num_splits);
     a.o_accum = reinterpret_cast<float*>(scratch.at(w.o_accum_offset));
@@ -128,7 +129,7 @@ void run_attention(const Problem& p, AttnParams& a, const Plan& plan, const Scra
 
 void run_planned(const Problem& p, AttnParams& a, const AttentionOptions& o) {
   if (nothing_to_do(p)) return;
-  const Plan plan = make_plan(p, 0, processors_of(p, o.num_threads));
+  const Plan plan = make_plan(p, 0, processors_of(p, o.num_threads), deep_decode_sms_of(p));
   Scratch scratch(p, plan.workspace_bytes, nullptr, o.stream);
   run_attention(p, a, plan, scratch, o.stream);
 }
@@ -205,14 +206,14 @@ Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                   const KVCacheArgs& args, const AttentionOptions& options) {
   // Validation needs an output; q stands in for it (same shape, dtype and device).
   const Problem p = validate_kvcache(q, k_cache, v_cache, q, args, options);
-  return make_plan(p, args.num_splits, processors_of(p, options.num_threads));
+  return make_plan(p, args.num_splits, processors_of(p, options.num_threads), deep_decode_sms_of(p));
 }
 
 void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const KVCacheArgs& args,
                      const AttentionOptions& options) {
   const Problem p = validate_kvcache(q, k_cache, v_cache, out, args, options);
-  const Plan plan = make_plan(p, args.num_splits, processors_of(p, options.num_threads));
+  const Plan plan = make_plan(p, args.num_splits, processors_of(p, options.num_threads), deep_decode_sms_of(p));
   validate_workspace(args, plan.workspace_bytes);
   if (p.batch == 0) return;
   Scratch scratch(p, plan.workspace_bytes, args.workspace, options.stream);

@@ -17,6 +17,15 @@ constexpr double kSplitEfficiencyFraction = 0.85;
 constexpr size_t kWorkspaceAlign = 256;
 // CUDA: resident split-KV CTAs per SM counted by the split heuristic.
 constexpr int kCtasPerSm = 2;
+// The deep decode pipeline (CUDA sm_90, one CTA per SM, four K/V tiles in flight) is planned
+// for decode tiles when the default plan must split to fill the GPU and leaves walks of at most
+// kDeepDecodeMaxTiles key tiles per CTA. Its split count is FlashAttention-2's heuristic over
+// the SMs, except that with units for at least kDeepFewUnitsFraction of the SMs a split leaving
+// fewer than kDeepSplitMinTiles tiles per split is not taken: the combine would cost more than
+// the shorter walk saves (measured, docs/PERF.md, session 3).
+constexpr int kDeepDecodeMaxTiles = 16;
+constexpr int kDeepSplitMinTiles = 16;
+constexpr double kDeepFewUnitsFraction = 0.25;
 
 // FlashAttention-2's wave-efficiency heuristic. work_tiles: CTAs without splitting;
 // processors: SMs (CUDA) or threads (CPU); key_tiles: K/V tiles of the longest sequence.
@@ -32,10 +41,14 @@ struct Workspace {
 // Scratch layout for num_splits partials and (with rotary) the rotated q.
 Workspace workspace_layout(const Problem& p, int num_splits);
 
-// The plan of a validated problem. requested_splits: 0 = heuristic.
-Plan make_plan(const Problem& p, int requested_splits, int processors);
+// The plan of a validated problem. requested_splits: 0 = heuristic. deep_decode_sms: the SMs
+// of a CUDA device that runs the deep decode pipeline, else 0 (deep_decode_sms_of).
+Plan make_plan(const Problem& p, int requested_splits, int processors, int deep_decode_sms = 0);
 
 // The processors the heuristic counts for this device (SMs or CPU threads).
 int processors_of(const Problem& p, int num_threads);
+
+// SMs of the CUDA device when it runs the deep decode pipeline, else 0.
+int deep_decode_sms_of(const Problem& p);
 
 }  // namespace flashattn

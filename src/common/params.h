@@ -71,6 +71,7 @@ struct AttnParams {
   int num_splits = 1;     // > 1: write partials to o_accum / lse_accum, then combine
   float* o_accum = nullptr;    // (num_splits, b, h, seqlen_q, head_dim) fp32
   float* lse_accum = nullptr;  // (num_splits, b, h, seqlen_q) fp32
+  bool deep_decode = false;    // CUDA decode tile: the deep-pipeline kernel (make_plan)
 
   // ---- CPU only ----------------------------------------------------------------------------
   int num_threads = 0;

@@ -182,6 +182,17 @@ bool device_has_wgmma(int device_index) {
   return info.cc_major == 9 && info.cc_minor == 0 && !disabled;
 }
 
+int deep_decode_sms(int device_index) {
+#if defined(FLASHATTN_HAS_SM90A)
+  static const bool disabled = env_is("FLASHATTN_NO_DEEP_DECODE", "1");
+  const DeviceInfo& info = device_info(device_index);
+  return info.cc_major == 9 && !disabled ? info.sms : 0;
+#else
+  (void)device_index;
+  return 0;
+#endif
+}
+
 WgmmaTileEnv wgmma_tile_env() {
   static const WgmmaTileEnv forced = env_is("FLASHATTN_WGMMA_TILE", "wide")       ? WgmmaTileEnv::wide
                                      : env_is("FLASHATTN_WGMMA_TILE", "narrow")   ? WgmmaTileEnv::narrow

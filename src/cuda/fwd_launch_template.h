@@ -53,14 +53,23 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
 }
 
 #if defined(FLASHATTN_HAS_SM90A)
+// d = 64: the 96-key tile unless it pads the keys by over 5% more than the 64-key tile does
+// (512 keys: 576 against 512, measured 3% slower; 1024 keys and up: 4-12% faster; docs/PERF.md).
+inline bool keys_suit_96_key_tile(int seqlen_k) {
+  const int64_t padded96 = (int64_t(seqlen_k) + 95) / 96 * 96;
+  const int64_t padded64 = (int64_t(seqlen_k) + 63) / 64 * 64;
+  return padded96 * 100 <= padded64 * 105;
+}
+
 // The wgmma kernel: two CTAs per SM up to d = 128 (fit 128 registers; measured faster than wide
-// at d = 64 and 128, docs/PERF.md) with 96-key tiles at d = 64, else wide.
-// FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 overrides the choice where that tile is compiled.
+// at d = 64 and 128, docs/PERF.md), with 96-key tiles at d = 64 where they suit the keys; else
+// wide. FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 forces a tile where it is compiled.
 template <typename Element, int kHeadDim>
 void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
   const WgmmaTileEnv forced = wgmma_tile_env();
   if constexpr (kHeadDim == 64) {
-    if (forced == WgmmaTileEnv::automatic || forced == WgmmaTileEnv::narrow96) {
+    if (forced == WgmmaTileEnv::narrow96 ||
+        (forced == WgmmaTileEnv::automatic && keys_suit_96_key_tile(params.seqlen_k))) {
       using Narrow96 = WgmmaTraits<Element, kHeadDim, WgmmaTile::narrow96>;
       launch_fwd<Narrow96>(params, stream, &fwd::wgmma_kernel<Narrow96>, "flashattn wgmma_kernel (narrow, 96 keys)");
       return;
@@ -89,6 +98,14 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
                 "tile heights follow rules.h query_tile_rows");
   const int tile_rows = query_tile_rows(params);
   if (tile_rows == kQueryTileRowsDecode) {
+    if (params.deep_decode) {  // make_plan: few CTAs with short key walks, sm_90
+      if constexpr (kHeadDim <= 128) {
+        using Deep = SplitKeysTraits<Element, kHeadDim, true>;
+        launch_fwd<Deep>(params, stream, &fwd::splitkeys_kernel<Deep>, "flashattn splitkeys_kernel (deep)");
+        return;
+      }
+      throw Error(Error::Kind::runtime, "flashattn: no deep decode pipeline above d = 128");
+    }
     launch_fwd<SplitKeys>(params, stream, &fwd::splitkeys_kernel<SplitKeys>, "flashattn splitkeys_kernel");
   } else if (tile_rows == kQueryTileRowsShort) {
     launch_fwd<Short>(params, stream, &fwd::fwd_kernel<Short>, "flashattn fwd_kernel (64 rows)");

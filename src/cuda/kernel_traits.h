@@ -147,19 +147,25 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 // (max, sum, O) through shared memory at the end. Against the 64-row tile (4 warps x 16 rows,
 // each warp all keys) this is 4x fewer tensor-core operations per K/V byte, and with kStages
 // K/V buffers the next tile streams in during the whole of this one.
-template <int kHeadDim>
+// Two pipelines. Default: 2 K/V stages (one tile in flight while one is computed) at 3 CTAs
+// per SM, for many CTAs (3 stages at 2 CTAs per SM measured 2-4% slower at batch 8-32).
+// Deep (kDeep, d <= 128, sm_90's shared memory): 5 stages (four tiles in flight) at one CTA per
+// SM, for few CTAs with short key walks, where the default pipeline leaves the memory system
+// waiting (make_plan's rule; docs/PERF.md, session 3).
+template <int kHeadDim, bool kDeep>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  // K/V buffers: one tile in flight while one is computed. (3 stages at 2 CTAs per SM measured
-  // 2-4% slower at batch 8-32 than 2 stages at 3 CTAs per SM; docs/PERF.md.)
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kDeep ? 5 : 2;
+  static constexpr int kMinBlocksPerSm = kDeep ? 1 : kHeadDim <= 128 ? 3 : 1;
+  static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
+  static_assert(!kDeep || kHeadDim <= 128, "the deep pipeline is compiled up to d = 128");
 };
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, bool kDeep = false>
 struct SplitKeysTraits
-    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_>::kBlockM,
-                     SplitKeysTileConfig<kHeadDim_>::kBlockN, SplitKeysTileConfig<kHeadDim_>::kNWarps> {
-  using Config = SplitKeysTileConfig<kHeadDim_>;
+    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep>::kBlockM,
+                     SplitKeysTileConfig<kHeadDim_, kDeep>::kBlockN, SplitKeysTileConfig<kHeadDim_, kDeep>::kNWarps> {
+  using Config = SplitKeysTileConfig<kHeadDim_, kDeep>;
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
@@ -191,10 +197,11 @@ struct SplitKeysTraits
   // registers: this kernel has registers to spare).
   static constexpr int kSmemBytes = Base::kSmemQBytes + 2 * kStages * Base::kSmemKVBytes +
                                     kSmemRowOffsetBytes + kSmemMergeStatBytes;
-  static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
+  static_assert(kSmemBytes <= Config::kMaxSmemBytes, "fits the per-block shared memory limit");
   // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)): ~71 KB
-  // of smem at d = 128 lets three share an SM; above d = 128, one (~139 KB at d = 256).
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 3 : 1;
+  // of smem at d = 128 lets three share an SM; above d = 128, one (~139 KB at d = 256); the deep
+  // pipeline, one (~170 KB at d = 128).
+  static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
 };
 
 }  // namespace cuda

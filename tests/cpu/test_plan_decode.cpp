@@ -1,0 +1,83 @@
+// make_plan's choice of the deep decode pipeline (CUDA sm_90 facts passed in, so it runs on the
+// CPU), against the rules of src/api/plan.h restated here with the shapes they were measured on
+// (docs/PERF.md, session 3): decode tiles whose default plan splits into walks of at most 16 key
+// tiles get the deep pipeline, with FlashAttention-2's split heuristic over the SMs (one CTA
+// each), except that batches filling a quarter of the SMs do not split below 16 tiles.
+#include <gtest/gtest.h>
+
+#include "api/plan.h"
+
+namespace {
+
+using flashattn::Plan;
+using flashattn::Problem;
+
+constexpr int kSms = 132;                 // H200
+constexpr int kProcessors = 2 * kSms;     // the default plan counts two CTAs per SM
+
+// Decode: batch b, 32 query heads over 8 KV heads (GQA packing: 4 rows per unit), d = 128,
+// 64-key tiles.
+Problem decode(int b, int context) {
+  Problem p;
+  p.device = flashattn::Device::cuda;
+  p.batch = b;
+  p.seqlen_q = 1;
+  p.seqlen_k = context;
+  p.heads = 32;
+  p.heads_k = 8;
+  p.head_dim = 128;
+  p.kvcache = true;
+  return p;
+}
+
+Plan plan_of(const Problem& p, int requested = 0, int deep_sms = kSms) {
+  return flashattn::make_plan(p, requested, kProcessors, deep_sms);
+}
+
+TEST(PlanDeepDecode, FewUnitsSplitToFillTheSms) {
+  // 8 units: the default plan takes 16 / 32 / 29 splits (1 / 2 / 9 tiles each); the deep plan
+  // fills the 132 SMs with one CTA each.
+  for (int context : {1024, 4096}) {
+    const Plan plan = plan_of(decode(1, context));
+    EXPECT_TRUE(plan.deep_decode) << context;
+    EXPECT_EQ(plan.num_splits, 16) << context;
+  }
+  const Plan long_walks = plan_of(decode(1, 16384));
+  EXPECT_TRUE(long_walks.deep_decode);
+  EXPECT_EQ(long_walks.num_splits, 14);  // 112 CTAs of 19 tiles: within 85% of the best waves
+}
+
+TEST(PlanDeepDecode, QuarterOfTheSmsDoesNotSplitShortWalks) {
+  const Plan short_walks = plan_of(decode(8, 1024));  // 64 units, 16 tiles: not 2 x 8 tiles
+  EXPECT_TRUE(short_walks.deep_decode);
+  EXPECT_EQ(short_walks.num_splits, 1);
+  EXPECT_EQ(short_walks.workspace_bytes, 0u);
+  const Plan longer = plan_of(decode(8, 4096));  // 64 tiles: 2 splits of 32
+  EXPECT_TRUE(longer.deep_decode);
+  EXPECT_EQ(longer.num_splits, 2);
+}
+
+TEST(PlanDeepDecode, LongWalksAndFullBatchesKeepTheDefaultPipeline) {
+  const Plan long_walks = plan_of(decode(8, 16384));  // default: 4 splits of 64 tiles
+  EXPECT_FALSE(long_walks.deep_decode);
+  EXPECT_EQ(long_walks.num_splits, 4);
+  const Plan very_long = plan_of(decode(1, 65536));  // default: 28 splits of 37 tiles
+  EXPECT_FALSE(very_long.deep_decode);
+  const Plan full = plan_of(decode(128, 1024));  // 1024 units: no split at all
+  EXPECT_FALSE(full.deep_decode);
+  EXPECT_EQ(full.num_splits, 1);
+}
+
+TEST(PlanDeepDecode, OnlyHeuristicDecodeTilesWhereAvailable) {
+  const Plan explicit_splits = plan_of(decode(1, 4096), 3);
+  EXPECT_FALSE(explicit_splits.deep_decode);
+  EXPECT_EQ(explicit_splits.num_splits, 3);
+  const Plan unavailable = plan_of(decode(1, 4096), 0, 0);
+  EXPECT_FALSE(unavailable.deep_decode);
+  EXPECT_EQ(unavailable.num_splits, 32);
+  Problem tall = decode(1, 4096);
+  tall.seqlen_q = 64;  // 64 x 4 packed rows: a 128-row tile
+  EXPECT_FALSE(plan_of(tall).deep_decode);
+}
+
+}  // namespace
