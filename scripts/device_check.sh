@@ -79,7 +79,7 @@ stage_sanitize() {
     "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 128"
     "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 1 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 128 --causal --append 3 --rotary neox"
     "--kvcache --splits 12 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
-    "--kvcache --paged --page-size 7 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1"
+    "--kvcache --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1 --rotary neox"
   )
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do

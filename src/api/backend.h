@@ -20,9 +20,10 @@ void run_append(const AppendParams& params);
 namespace cuda {
 bool available();                 // compiled in and a device is visible
 int num_sms(int device_index);    // multiprocessors of the device (for planning)
-// SMs when the device runs the deep decode pipeline (sm_90 code compiled, compute capability 9.x,
+// SMs when the device runs the deep decode pipeline for this dtype and head dim (sm_90 code
+// compiled, compute capability 9.x, the serving instance's head dim <= 128,
 // FLASHATTN_NO_DEEP_DECODE unset), else 0 (for planning).
-int deep_decode_sms(int device_index);
+int deep_decode_sms(int device_index, DType dtype, int head_dim);
 bool supports(DType dtype, int head_dim);  // an instance is compiled for this case
 void run_attention(const AttnParams& params, void* stream);
 void run_append(const AppendParams& params, void* stream);

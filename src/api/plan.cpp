@@ -72,7 +72,7 @@ int processors_of(const Problem& p, int num_threads) {
 }
 
 int deep_decode_sms_of(const Problem& p) {
-  return p.device == Device::cuda ? cuda::deep_decode_sms(p.device_index) : 0;
+  return p.device == Device::cuda ? cuda::deep_decode_sms(p.device_index, p.dtype, p.head_dim) : 0;
 }
 
 Plan make_plan(const Problem& p, int requested_splits, int processors, int deep_decode_sms) {
@@ -91,15 +91,11 @@ Plan make_plan(const Problem& p, int requested_splits, int processors, int deep_
   }
   if (p.seqlen_q == 0 || p.batch == 0) plan.num_splits = 1;
   const bool decode_tile = query_tile_rows_for(rows) == kQueryTileRowsDecode;
-  if (requested_splits == 0 && deep_decode_sms > 0 && decode_tile && plan.num_splits > 1 &&
-      ceil_div(key_tiles, plan.num_splits) <= kDeepDecodeMaxTiles) {
+  const bool few_units = work_tiles < kDeepFewUnitsFraction * deep_decode_sms;
+  if (requested_splits == 0 && deep_decode_sms > 0 && decode_tile && !p.paged && few_units &&
+      plan.num_splits > 1 && ceil_div(key_tiles, plan.num_splits) <= kDeepDecodeMaxTiles) {
     plan.deep_decode = true;
-    const int units = int(std::min<int64_t>(work_tiles, 1 << 30));
-    plan.num_splits = num_splits_heuristic(units, deep_decode_sms, key_tiles, kMaxSplits);
-    if (units >= kDeepFewUnitsFraction * deep_decode_sms &&
-        ceil_div(key_tiles, plan.num_splits) < kDeepSplitMinTiles) {
-      plan.num_splits = 1;
-    }
+    plan.num_splits = num_splits_heuristic(int(work_tiles), deep_decode_sms, key_tiles, kMaxSplits);
   }
   plan.workspace_bytes = workspace_layout(p, plan.num_splits).bytes;
   return plan;

@@ -18,13 +18,13 @@ constexpr size_t kWorkspaceAlign = 256;
 // CUDA: resident split-KV CTAs per SM counted by the split heuristic.
 constexpr int kCtasPerSm = 2;
 // The deep decode pipeline (CUDA sm_90, one CTA per SM, four K/V tiles in flight) is planned
-// for decode tiles when the default plan must split to fill the GPU and leaves walks of at most
-// kDeepDecodeMaxTiles key tiles per CTA. Its split count is FlashAttention-2's heuristic over
-// the SMs, except that with units for at least kDeepFewUnitsFraction of the SMs a split leaving
-// fewer than kDeepSplitMinTiles tiles per split is not taken: the combine would cost more than
-// the shorter walk saves (measured, docs/PERF.md, session 3).
+// for decode tiles of contiguous K/V when there are units (query tiles) for fewer than
+// kDeepFewUnitsFraction of the SMs and the default plan splits them into walks of at most
+// kDeepDecodeMaxTiles key tiles; its split count is FlashAttention-2's heuristic over the SMs
+// (one CTA each). Measured (docs/PERF.md, session 3): batch 1 gains 3-7%; paged K/V loses
+// (one CTA per SM leaves its page-table reads exposed) and so does batch 8 since the paged
+// read was moved out of the way (runs 11, 12).
 constexpr int kDeepDecodeMaxTiles = 16;
-constexpr int kDeepSplitMinTiles = 16;
 constexpr double kDeepFewUnitsFraction = 0.25;
 
 // FlashAttention-2's wave-efficiency heuristic. work_tiles: CTAs without splitting;

@@ -51,16 +51,26 @@ FA_HD SeqInfo seq_info(const AttnParams& p, int b) {
   return s;
 }
 
+// Paged K/V: the page holding key j (0-based visible key) of sequence b.
+FA_HD int kv_page(const AttnParams& p, const SeqInfo& s, int b, int j) {
+  return p.block_table[b * p.block_table_batch_stride + (s.leftpad + j) / p.page_size];
+}
+
+// Paged K/V: element offset of key j in its page (kv_page) for KV head hk.
+FA_HD int64_t kv_paged_row_offset(const AttnParams& p, const SeqInfo& s, int page, int j,
+                                  int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                                  int hk) {
+  return page * batch_stride + int64_t((s.leftpad + j) % p.page_size) * row_stride + hk * head_stride;
+}
+
 // Element offset of key/value row j (0-based visible key) for KV head hk.
 FA_HD int64_t kv_row_offset(const AttnParams& p, const SeqInfo& s, int b, int j,
                             int64_t batch_stride, int64_t row_stride, int64_t head_stride,
                             int hk) {
-  const int pos = s.leftpad + j;
   if (p.block_table) {
-    const int page = p.block_table[b * p.block_table_batch_stride + pos / p.page_size];
-    return page * batch_stride + int64_t(pos % p.page_size) * row_stride + hk * head_stride;
+    return kv_paged_row_offset(p, s, kv_page(p, s, b, j), j, batch_stride, row_stride, head_stride, hk);
   }
-  return s.kv_batch * batch_stride + (s.k_row_offset + pos) * row_stride + hk * head_stride;
+  return s.kv_batch * batch_stride + (s.k_row_offset + s.leftpad + j) * row_stride + hk * head_stride;
 }
 
 // ---- masks -------------------------------------------------------------------------------
@@ -146,6 +156,10 @@ FA_HD int query_tile_rows(const AttnParams& p) {
 // Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at
 // the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
 FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
+
+// CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head
+// dim instances up to this one (its five K/V stages fit sm_90's shared memory there).
+constexpr int kDeepDecodeMaxHeadDim = 128;
 
 // The key tiles [tile_lo, tile_hi) that a query tile must visit (from its visible key range)
 // are cut into num_splits nearly equal runs; split `split` owns run number `split` (possibly

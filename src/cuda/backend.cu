@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "api/backend.h"
+#include "common/rules.h"
 #include "cuda/launch.h"
 
 namespace flashattn {
@@ -182,13 +183,15 @@ bool device_has_wgmma(int device_index) {
   return info.cc_major == 9 && info.cc_minor == 0 && !disabled;
 }
 
-int deep_decode_sms(int device_index) {
+int deep_decode_sms(int device_index, DType dtype, int head_dim) {
 #if defined(FLASHATTN_HAS_SM90A)
   static const bool disabled = env_is("FLASHATTN_NO_DEEP_DECODE", "1");
+  const int served = smallest_compiled(dtype, head_dim);  // the instance that runs this head dim
+  if (disabled || served <= 0 || served > kDeepDecodeMaxHeadDim) return 0;
   const DeviceInfo& info = device_info(device_index);
-  return info.cc_major == 9 && !disabled ? info.sms : 0;
+  return info.cc_major == 9 ? info.sms : 0;
 #else
-  (void)device_index;
+  (void)device_index, (void)dtype, (void)head_dim;
   return 0;
 #endif
 }

@@ -16,7 +16,7 @@ namespace {
 
 bool available() { return false; }
 int num_sms(int /*device_index*/) { return 0; }
-int deep_decode_sms(int /*device_index*/) { return 0; }
+int deep_decode_sms(int /*device_index*/, DType /*dtype*/, int /*head_dim*/) { return 0; }
 bool supports(DType /*dtype*/, int /*head_dim*/) { return false; }
 void run_attention(const AttnParams& /*params*/, void* /*stream*/) { refuse("attention"); }
 void run_append(const AppendParams& /*params*/, void* /*stream*/) { refuse("kv-cache append"); }

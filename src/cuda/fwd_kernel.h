@@ -465,6 +465,27 @@ struct KvStages {
                                           const CtaKeyTiles& tiles, int n, int tid) const {
     if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, table(n), tid);
   }
+  // prepare() in two halves, so that the page-table read of a later tile is in flight while
+  // this tile is computed: fetch_page reads the page of this thread's row of tile n (one row
+  // per thread), store_offsets writes the row's offsets from it into tile n's table.
+  static_assert(Traits::kNThreads >= Traits::kBlockN, "one K/V row per thread");
+  __device__ __forceinline__ int fetch_page(const AttnParams& p, const CtaInfo& c,
+                                            const CtaKeyTiles& tiles, int n, int tid) const {
+    const int j = n * Traits::kBlockN + tid;
+    const bool mine = n >= tiles.lo && p.block_table && tid < Traits::kBlockN && j < c.seq.seqlen_k;
+    return mine ? kv_page(p, c.seq, c.b, j) : -1;
+  }
+  __device__ __forceinline__ void store_offsets(const AttnParams& p, const CtaInfo& c,
+                                                const CtaKeyTiles& tiles, int n, int tid, int page) const {
+    if (n < tiles.lo || !p.block_table || tid >= Traits::kBlockN) return;
+    const int j = n * Traits::kBlockN + tid;
+    KvRowOffsets off{kNoRow, kNoRow};
+    if (j < c.seq.seqlen_k) {
+      off.k = kv_paged_row_offset(p, c.seq, page, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, c.hk);
+      off.v = kv_paged_row_offset(p, c.seq, page, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, c.hk);
+    }
+    table(n)[tid] = off;
+  }
 };
 
 // ---- the kernel ----------------------------------------------------------------------------

@@ -99,7 +99,7 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
   const int tile_rows = query_tile_rows(params);
   if (tile_rows == kQueryTileRowsDecode) {
     if (params.deep_decode) {  // make_plan: few CTAs with short key walks, sm_90
-      if constexpr (kHeadDim <= 128) {
+      if constexpr (kHeadDim <= kDeepDecodeMaxHeadDim) {
         using Deep = SplitKeysTraits<Element, kHeadDim, true>;
         launch_fwd<Deep>(params, stream, &fwd::splitkeys_kernel<Deep>, "flashattn splitkeys_kernel (deep)");
         return;

@@ -6,6 +6,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "common/rules.h"
+
 namespace flashattn {
 namespace cuda {
 
@@ -158,7 +160,7 @@ struct SplitKeysTileConfig {
   static constexpr int kStages = kDeep ? 5 : 2;
   static constexpr int kMinBlocksPerSm = kDeep ? 1 : kHeadDim <= 128 ? 3 : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
-  static_assert(!kDeep || kHeadDim <= 128, "the deep pipeline is compiled up to d = 128");
+  static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
 };
 
 template <typename Element_, int kHeadDim_, bool kDeep = false>

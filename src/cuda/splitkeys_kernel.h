@@ -53,16 +53,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   float* merge_max = reinterpret_cast<float*>(kv_off_buf + kStages * kBlockN);  // [kNWarps][16]
   float* merge_sum = merge_max + kNWarps * kBlockM;                             // [kNWarps][16]
   auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
-  auto offsets_of_tile = [&](int n) { kv.prepare(p, c, tiles, n, tid); };
 
-  // ---- prologue: Q and the first kStages-1 tiles in flight; offsets of the next tile ready
+  // ---- prologue: Q and the first kStages-1 tiles in flight; the offsets of those and of the
+  // tile the first iteration issues (their page-table reads together)
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
-  for (int i = 1; i < kStages; ++i) offsets_of_tile(tiles.hi - i);
+  int first_pages[kStages];
+  CUTE_UNROLL
+  for (int i = 0; i < kStages; ++i) first_pages[i] = kv.fetch_page(p, c, tiles, tiles.hi - 1 - i, tid);
+  CUTE_UNROLL
+  for (int i = 0; i < kStages; ++i) kv.store_offsets(p, c, tiles, tiles.hi - 1 - i, tid, first_pages[i]);
   __syncthreads();
   const bool any_tile = tiles.hi > tiles.lo;
   if (any_tile) load_q<Traits>(p, q_off, sQ, tid);
   for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
-  offsets_of_tile(tiles.hi - kStages);  // visible after the first loop barrier
 
   // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
   typename Traits::TiledMma tiled_mma;
@@ -102,10 +105,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+    // Paged: the page of tile n-kStages (issued by the next iteration), read under this tile's
+    // wait and math, its offsets stored at the end.
+    const int page_ahead = kv.fetch_page(p, c, tiles, n - kStages, tid);
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile n landed; every warp is done with tile n+1's stage and table
     issue_tile(n - (kStages - 1));        // into tile n+1's stage
-    offsets_of_tile(n - kStages);         // into tile n's table (its copies are issued)
     if (n == tiles.hi - 1) {              // Q landed with the first tile: keep it in registers
       Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
       Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
@@ -130,6 +135,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
+    kv.store_offsets(p, c, tiles, n - kStages, tid, page_ahead);  // into tile n's table (issued)
   }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -1,8 +1,8 @@
 // make_plan's choice of the deep decode pipeline (CUDA sm_90 facts passed in, so it runs on the
 // CPU), against the rules of src/api/plan.h restated here with the shapes they were measured on
-// (docs/PERF.md, session 3): decode tiles whose default plan splits into walks of at most 16 key
-// tiles get the deep pipeline, with FlashAttention-2's split heuristic over the SMs (one CTA
-// each), except that batches filling a quarter of the SMs do not split below 16 tiles.
+// (docs/PERF.md, session 3): decode tiles of contiguous K/V with units for fewer than a quarter
+// of the SMs, whose default plan splits into walks of at most 16 key tiles, get the deep
+// pipeline, with FlashAttention-2's split heuristic over the SMs (one CTA each).
 #include <gtest/gtest.h>
 
 #include "api/plan.h"
@@ -47,14 +47,19 @@ TEST(PlanDeepDecode, FewUnitsSplitToFillTheSms) {
   EXPECT_EQ(long_walks.num_splits, 14);  // 112 CTAs of 19 tiles: within 85% of the best waves
 }
 
-TEST(PlanDeepDecode, QuarterOfTheSmsDoesNotSplitShortWalks) {
-  const Plan short_walks = plan_of(decode(8, 1024));  // 64 units, 16 tiles: not 2 x 8 tiles
-  EXPECT_TRUE(short_walks.deep_decode);
-  EXPECT_EQ(short_walks.num_splits, 1);
-  EXPECT_EQ(short_walks.workspace_bytes, 0u);
-  const Plan longer = plan_of(decode(8, 4096));  // 64 tiles: 2 splits of 32
-  EXPECT_TRUE(longer.deep_decode);
-  EXPECT_EQ(longer.num_splits, 2);
+TEST(PlanDeepDecode, UnitsForAQuarterOfTheSmsOrPagedKeepTheDefaultPipeline) {
+  const Plan batch8 = plan_of(decode(8, 1024));  // 64 units >= 132 / 4
+  EXPECT_FALSE(batch8.deep_decode);
+  EXPECT_EQ(batch8.num_splits, 4);
+  Problem paged = decode(1, 4096);
+  paged.paged = true;
+  paged.page_size = 16;
+  const Plan paged_plan = plan_of(paged);
+  EXPECT_FALSE(paged_plan.deep_decode);
+  EXPECT_EQ(paged_plan.num_splits, 32);
+  const Plan batch4 = plan_of(decode(4, 1024));  // 32 units < 33: deep, 4 splits fill 128 SMs
+  EXPECT_TRUE(batch4.deep_decode);
+  EXPECT_EQ(batch4.num_splits, 4);
 }
 
 TEST(PlanDeepDecode, LongWalksAndFullBatchesKeepTheDefaultPipeline) {
