@@ -157,6 +157,15 @@ FA_HD int query_tile_rows(const AttnParams& p) {
 // the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
 FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
 
+// CUDA sm_90, d = 64 prefill: the 96-key wgmma tile unless it pads the keys by over 5% more
+// than the 64-key tile does (512 keys: 576 against 512, measured 3% slower; 1024 keys and up:
+// 4-12% faster; docs/PERF.md, session 3 run 5).
+inline bool keys_suit_96_key_tile(int seqlen_k) {
+  const int64_t padded96 = (int64_t(seqlen_k) + 95) / 96 * 96;
+  const int64_t padded64 = (int64_t(seqlen_k) + 63) / 64 * 64;
+  return padded96 * 100 <= padded64 * 105;
+}
+
 // CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head
 // dim instances up to this one (its five K/V stages fit sm_90's shared memory there).
 constexpr int kDeepDecodeMaxHeadDim = 128;

@@ -53,14 +53,6 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
 }
 
 #if defined(FLASHATTN_HAS_SM90A)
-// d = 64: the 96-key tile unless it pads the keys by over 5% more than the 64-key tile does
-// (512 keys: 576 against 512, measured 3% slower; 1024 keys and up: 4-12% faster; docs/PERF.md).
-inline bool keys_suit_96_key_tile(int seqlen_k) {
-  const int64_t padded96 = (int64_t(seqlen_k) + 95) / 96 * 96;
-  const int64_t padded64 = (int64_t(seqlen_k) + 63) / 64 * 64;
-  return padded96 * 100 <= padded64 * 105;
-}
-
 // The wgmma kernel: two CTAs per SM up to d = 128 (fit 128 registers; measured faster than wide
 // at d = 64 and 128, docs/PERF.md), with 96-key tiles at d = 64 where they suit the keys; else
 // wide. FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 forces a tile where it is compiled.

@@ -1,4 +1,4 @@
-// make_plan's choice of the deep decode pipeline (CUDA sm_90 facts passed in, so it runs on the
+// make_plan's choice of the deep decode pipeline, and the d = 64 wgmma tile rule (CUDA sm_90 facts passed in, so it runs on the
 // CPU), against the rules of src/api/plan.h restated here with the shapes they were measured on
 // (docs/PERF.md, session 3): decode tiles of contiguous K/V with units for fewer than a quarter
 // of the SMs, whose default plan splits into walks of at most 16 key tiles, get the deep
@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "api/plan.h"
+#include "common/rules.h"
 
 namespace {
 
@@ -83,6 +84,23 @@ TEST(PlanDeepDecode, OnlyHeuristicDecodeTilesWhereAvailable) {
   Problem tall = decode(1, 4096);
   tall.seqlen_q = 64;  // 64 x 4 packed rows: a 128-row tile
   EXPECT_FALSE(plan_of(tall).deep_decode);
+}
+
+}  // namespace
+
+namespace {
+
+// rules.h keys_suit_96_key_tile (d = 64 prefill on sm_90): the 96-key tile unless its padding
+// of the keys exceeds the 64-key tile's by more than 5%.
+TEST(WgmmaTileRule, NinetySixKeysWhereTheyDoNotPadTheKeys) {
+  EXPECT_FALSE(flashattn::keys_suit_96_key_tile(512));   // 576 against 512 keys of work
+  EXPECT_TRUE(flashattn::keys_suit_96_key_tile(1024));   // 1056 against 1024: 3%
+  EXPECT_TRUE(flashattn::keys_suit_96_key_tile(2048));
+  EXPECT_TRUE(flashattn::keys_suit_96_key_tile(16384));
+  EXPECT_TRUE(flashattn::keys_suit_96_key_tile(96));     // one whole tile
+  EXPECT_FALSE(flashattn::keys_suit_96_key_tile(64));    // 96 against 64
+  EXPECT_TRUE(flashattn::keys_suit_96_key_tile(640));    // 672 against 640: exactly 5%
+  EXPECT_FALSE(flashattn::keys_suit_96_key_tile(200));   // 288 against 256: 12.5%
 }
 
 }  // namespace
