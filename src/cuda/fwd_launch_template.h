@@ -96,7 +96,8 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
         launch_fwd<Deep>(params, stream, &fwd::splitkeys_kernel<Deep>, "flashattn splitkeys_kernel (deep)");
         return;
       }
-      throw Error(Error::Kind::runtime, "flashattn: no deep decode pipeline above d = 128");
+      throw Error(Error::Kind::runtime, "flashattn: no deep decode pipeline above d = " +
+                                            std::to_string(kDeepDecodeMaxHeadDim));
     }
     launch_fwd<SplitKeys>(params, stream, &fwd::splitkeys_kernel<SplitKeys>, "flashattn splitkeys_kernel");
   } else if (tile_rows == kQueryTileRowsShort) {
