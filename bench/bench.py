@@ -97,7 +97,7 @@ def max_err(ours, q, k, v, causal):
 
 def bench_prefill(args):
     rows = []
-    points = [(d, s, c) for d in args.head_dims for s in args.seqlens for c in (False, True)]
+    points = [(d, s, c) for d in args.head_dims for s in args.seqlens for c in args.causal]
     for i, (d, s, causal) in enumerate(points):
         progress(i, len(points), f"prefill d={d} s={s} causal={causal}")
         b, h = TOKENS // s, HIDDEN // d
@@ -219,6 +219,8 @@ def main():
     ap.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256])
     ap.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")],
                     default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--causal", type=lambda s: {"both": (False, True), "yes": (True,), "no": (False,)}[s],
+                    default=(False, True), help="prefill: both (default), yes or no")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128])
     ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 16384, 65536])
     ap.add_argument("--page-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 1])

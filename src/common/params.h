@@ -72,6 +72,10 @@ struct AttnParams {
   float* o_accum = nullptr;    // (num_splits, b, h, seqlen_q, head_dim) fp32
   float* lse_accum = nullptr;  // (num_splits, b, h, seqlen_q) fp32
   bool deep_decode = false;    // CUDA decode tile: the deep-pipeline kernel (make_plan)
+  // CUDA: the grid holds query tiles in z and (batch, head) units in x, so that CTAs start in
+  // order of query tile, heaviest (last, under a causal mask) first across all units; set by
+  // the launcher (launch_fwd).
+  bool heavy_tiles_first = false;
 
   // ---- CPU only ----------------------------------------------------------------------------
   int num_threads = 0;

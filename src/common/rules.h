@@ -166,6 +166,18 @@ inline bool keys_suit_96_key_tile(int seqlen_k) {
   return padded96 * 100 <= padded64 * 105;
 }
 
+// CUDA: query tiles start heaviest first across all (batch, head) units (AttnParams::
+// heavy_tiles_first; grid z = query tiles) rather than unit by unit, where a tile's walk grows
+// with its rows (a causal mask, or a right window without a left one): the longest walks then
+// start first and the short ones fill the tail. Measured (docs/PERF.md, session 4 runs 1-2):
+// causal +3-10% at s = 512-8192 for d = 128 and 256, within noise at d = 64; without a mask
+// the unit-by-unit order is kept (heavy first lost 5-11% at s = 512-1024 there: each unit's
+// concurrent tiles share its K/V in L2).
+inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles) {
+  const bool walk_grows_with_rows = window_right >= 0 && window_left < 0;
+  return walk_grows_with_rows && query_tiles > 1;
+}
+
 // CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head
 // dim instances up to this one (its five K/V stages fit sm_90's shared memory there).
 constexpr int kDeepDecodeMaxHeadDim = 128;

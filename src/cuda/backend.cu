@@ -204,6 +204,13 @@ WgmmaTileEnv wgmma_tile_env() {
   return forced;
 }
 
+TileOrderEnv tile_order_env() {
+  static const TileOrderEnv forced = env_is("FLASHATTN_TILE_ORDER", "heavy_first") ? TileOrderEnv::heavy_first
+                                     : env_is("FLASHATTN_TILE_ORDER", "per_unit")  ? TileOrderEnv::per_unit
+                                                                                   : TileOrderEnv::automatic;
+  return forced;
+}
+
 bool supports(DType dtype, int head_dim) {
   return head_dim > 0 && smallest_compiled(dtype, head_dim) > 0;
 }

@@ -160,19 +160,33 @@ __device__ __forceinline__ void compute_q_o_offsets(const AttnParams& p, const C
   }
 }
 
-// Offsets of the K and V rows of key tile n (keys [n*kBlockN, n*kBlockN + kBlockN)).
+// Paged K/V: the K and V offsets of key row j from its page (rules.h kv_page); kNoRow past
+// the sequence's keys.
+__device__ __forceinline__ KvRowOffsets paged_kv_row_offsets(const AttnParams& p, const CtaInfo& c,
+                                                            int page, int j) {
+  KvRowOffsets off{kNoRow, kNoRow};
+  if (j < c.seq.seqlen_k) {
+    off.k = kv_paged_row_offset(p, c.seq, page, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, c.hk);
+    off.v = kv_paged_row_offset(p, c.seq, page, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, c.hk);
+  }
+  return off;
+}
+
+// Paged K/V: the row offsets of key tile n (keys [n*kBlockN, n*kBlockN + kBlockN)) into kv_off.
 template <class Traits>
 __device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const CtaInfo& c, int n,
                                                    KvRowOffsets* kv_off, int tid) {
   for (int r = tid; r < Traits::kBlockN; r += Traits::kNThreads) {
     const int j = n * Traits::kBlockN + r;
-    KvRowOffsets off{kNoRow, kNoRow};
-    if (j < c.seq.seqlen_k) {
-      off.k = kv_row_offset(p, c.seq, c.b, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, c.hk);
-      off.v = kv_row_offset(p, c.seq, c.b, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, c.hk);
-    }
-    kv_off[r] = off;
+    kv_off[r] = paged_kv_row_offsets(p, c, j < c.seq.seqlen_k ? kv_page(p, c.seq, c.b, j) : 0, j);
   }
+}
+
+// Whether K/V tiles are gathered through the page table: never in a kernel compiled for
+// contiguous K/V only (Traits::kPagedKv false).
+template <class Traits>
+__device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
+  return Traits::kPagedKv && p.block_table != nullptr;
 }
 
 // ---- loads, one (row, 16-byte chunk) pair per cp.async --------------------------------------
@@ -217,7 +231,7 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
                                         int tid) {
   using Element = typename Traits::Element;
   const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
-  if (p.block_table == nullptr) {
+  if (!reads_page_table<Traits>(p)) {
     const int j0 = n * Traits::kBlockN;
     const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
     const int64_t row0 = kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
@@ -240,14 +254,19 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
-  c.b = blockIdx.z / heads;
-  c.head = blockIdx.z % heads;
+  // The decode tile (one query tile per unit) is always launched unit by unit.
+  const bool heavy_first = kBlockM != kQueryTileRowsDecode && p.heavy_tiles_first;
+  const int unit = heavy_first ? blockIdx.x : blockIdx.z;
+  const int m_block = heavy_first ? blockIdx.z : blockIdx.x;
+  const int m_blocks = heavy_first ? gridDim.z : gridDim.x;
+  c.b = unit / heads;
+  c.head = unit % heads;
   c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
   c.hk = p.pack_gqa ? c.head : c.head / heads_per_kv_head(p);
   c.seq = seq_info(p, c.b);
   c.rows = c.seq.seqlen_q * c.g;
   // Heavy (late, causal) query tiles first: better tail balance.
-  c.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  c.m0 = (m_blocks - 1 - m_block) * kBlockM;
   return c.m0 < c.rows;
 }
 
@@ -463,7 +482,7 @@ struct KvStages {
   // Paged K/V: the row offsets of tile n into its table, read by issue() after a barrier.
   __device__ __forceinline__ void prepare(const AttnParams& p, const CtaInfo& c,
                                           const CtaKeyTiles& tiles, int n, int tid) const {
-    if (n >= tiles.lo && p.block_table) compute_kv_offsets<Traits>(p, c, n, table(n), tid);
+    if (n >= tiles.lo && reads_page_table<Traits>(p)) compute_kv_offsets<Traits>(p, c, n, table(n), tid);
   }
   // prepare() in two halves, so that the page-table read of a later tile is in flight while
   // this tile is computed: fetch_page reads the page of this thread's row of tile n (one row
@@ -472,19 +491,13 @@ struct KvStages {
   __device__ __forceinline__ int fetch_page(const AttnParams& p, const CtaInfo& c,
                                             const CtaKeyTiles& tiles, int n, int tid) const {
     const int j = n * Traits::kBlockN + tid;
-    const bool mine = n >= tiles.lo && p.block_table && tid < Traits::kBlockN && j < c.seq.seqlen_k;
+    const bool mine = n >= tiles.lo && reads_page_table<Traits>(p) && tid < Traits::kBlockN && j < c.seq.seqlen_k;
     return mine ? kv_page(p, c.seq, c.b, j) : -1;
   }
   __device__ __forceinline__ void store_offsets(const AttnParams& p, const CtaInfo& c,
                                                 const CtaKeyTiles& tiles, int n, int tid, int page) const {
-    if (n < tiles.lo || !p.block_table || tid >= Traits::kBlockN) return;
-    const int j = n * Traits::kBlockN + tid;
-    KvRowOffsets off{kNoRow, kNoRow};
-    if (j < c.seq.seqlen_k) {
-      off.k = kv_paged_row_offset(p, c.seq, page, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, c.hk);
-      off.v = kv_paged_row_offset(p, c.seq, page, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, c.hk);
-    }
-    table(n)[tid] = off;
+    if (n < tiles.lo || !reads_page_table<Traits>(p) || tid >= Traits::kBlockN) return;
+    table(n)[tid] = paged_kv_row_offsets(p, c, page, n * Traits::kBlockN + tid);
   }
 };
 
@@ -528,7 +541,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
 
   // ---- start the loads: Q and the first (highest) K tile
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
-  if (tile_hi > tile_lo && p.block_table) compute_kv_offsets<Traits>(p, c, tile_hi - 1, kv_off(tile_hi - 1), tid);
+  if (tile_hi > tile_lo && reads_page_table<Traits>(p)) compute_kv_offsets<Traits>(p, c, tile_hi - 1, kv_off(tile_hi - 1), tid);
   __syncthreads();
   const CtaInfo& cs = *c_smem;
   if (tile_hi > tile_lo) {
@@ -580,7 +593,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     cp_async_commit();
     // Offsets of tile n-1 into the other table (its last reader, V[n+1], was issued before the
     // barrier above); they are read after the next barrier.
-    if (n > tile_lo && p.block_table) compute_kv_offsets<Traits>(p, cs, n - 1, kv_off(n - 1), tid);
+    if (n > tile_lo && reads_page_table<Traits>(p)) compute_kv_offsets<Traits>(p, cs, n - 1, kv_off(n - 1), tid);
 
     gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k, smem_thr_copy_q,
             smem_thr_copy_k);

@@ -18,8 +18,19 @@
 namespace flashattn {
 namespace cuda {
 
+// The query tile order of a launch with m_blocks query tiles per unit: FLASHATTN_TILE_ORDER
+// where set, else rules.h heavy_tiles_first.
+inline bool launch_heavy_tiles_first(const AttnParams& p, int64_t m_blocks) {
+  switch (tile_order_env()) {
+    case TileOrderEnv::heavy_first: return m_blocks > 1;
+    case TileOrderEnv::per_unit: return false;
+    default: return heavy_tiles_first(p.window_left, p.window_right, m_blocks);
+  }
+}
+
 // Launches kernel (fwd_kernel, splitkeys_kernel or wgmma_kernel, instantiated for Traits) over
-// the grid (query tiles, splits, batch x heads).
+// the grid (query tiles, splits, batch x heads), or (batch x heads, splits, query tiles) with
+// the query tiles heaviest first (AttnParams::heavy_tiles_first).
 template <class Traits, class Kernel>
 void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const char* name) {
   if (p.num_splits > 1 && splitkv_block_n(p.head_dim) % Traits::kBlockN != 0) {
@@ -36,19 +47,24 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   const int64_t ctas_z = int64_t(p.batch) * heads;
   if (m_blocks == 0 || ctas_z == 0 || p.num_splits < 1) return;  // nothing to compute
   constexpr int kMaxGridYZ = 65535;
-  if (ctas_z > kMaxGridYZ || p.num_splits > kMaxGridYZ) {
+  AttnParams kp = p;
+  kp.heavy_tiles_first = Traits::kBlockM != kQueryTileRowsDecode && m_blocks <= kMaxGridYZ &&
+                         launch_heavy_tiles_first(p, m_blocks);
+  const int64_t grid_z = kp.heavy_tiles_first ? m_blocks : ctas_z;  // heavy first: <= kMaxGridYZ
+  if (grid_z > kMaxGridYZ || p.num_splits > kMaxGridYZ) {
     throw Error(Error::Kind::unsupported,
-                "flashattn fwd: batch * heads = " + std::to_string(ctas_z) + " exceeds " +
+                "flashattn fwd: batch * heads = " + std::to_string(grid_z) + " exceeds " +
                     std::to_string(kMaxGridYZ));
   }
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_splits),
-                  static_cast<unsigned>(ctas_z));
+  const int64_t grid_x = kp.heavy_tiles_first ? ctas_z : m_blocks;
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.num_splits),
+                  static_cast<unsigned>(grid_z));
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > Traits::kDefaultSmemLimit) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "cudaFuncSetAttribute(max dynamic smem)");
   }
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
   check_launch(name);
 }
 
@@ -90,7 +106,10 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
                 "tile heights follow rules.h query_tile_rows");
   const int tile_rows = query_tile_rows(params);
   if (tile_rows == kQueryTileRowsDecode) {
-    if (params.deep_decode) {  // make_plan: few CTAs with short key walks, sm_90
+    if (params.deep_decode) {  // make_plan: few CTAs with short key walks, contiguous K/V, sm_90
+      if (params.block_table != nullptr) {
+        throw Error(Error::Kind::runtime, "flashattn: the deep decode pipeline reads contiguous K/V only");
+      }
       if constexpr (kHeadDim <= kDeepDecodeMaxHeadDim) {
         using Deep = SplitKeysTraits<Element, kHeadDim, true>;
         launch_fwd<Deep>(params, stream, &fwd::splitkeys_kernel<Deep>, "flashattn splitkeys_kernel (deep)");

@@ -117,6 +117,9 @@ struct TileTraitsBase {
   // The CTA's geometry (fwd_kernel.h CtaInfo), re-read from smem inside the mainloop.
   static constexpr int kSmemCtaInfoBytes = 128;
   static constexpr int kDefaultSmemLimit = 48 * 1024;
+  // Whether the kernel may read a paged K/V cache (p.block_table); a kernel compiled for
+  // contiguous K/V only drops the page-table code (SplitKeysTileConfig's deep pipeline).
+  static constexpr bool kPagedKv = true;
 };
 
 template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
@@ -160,6 +163,9 @@ struct SplitKeysTileConfig {
   static constexpr int kStages = kDeep ? 5 : 2;
   static constexpr int kMinBlocksPerSm = kDeep ? 1 : kHeadDim <= 128 ? 3 : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
+  // The deep pipeline serves contiguous K/V only (make_plan); compiled without the page-table
+  // reads, it keeps the registers and instructions those cost out of its short walks.
+  static constexpr bool kPagedKv = !kDeep;
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
 };
 
@@ -171,6 +177,7 @@ struct SplitKeysTraits
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
+  static constexpr bool kPagedKv = Config::kPagedKv;
   static constexpr int kKeysPerWarp = kBlockN / kNWarps;
   static_assert(kBlockM == 16, "one MMA slab of rows");
   // Whole MMA K steps, so a warp's key slice also starts on a swizzle atom row (8 rows).

@@ -34,6 +34,12 @@ bool device_has_wgmma(int device_index);
 enum class WgmmaTileEnv { automatic, wide, narrow, narrow96 };
 WgmmaTileEnv wgmma_tile_env();
 
+// FLASHATTN_TILE_ORDER=heavy_first|per_unit forces that order of the query tiles
+// (AttnParams::heavy_tiles_first); unset, rules.h heavy_tiles_first picks. For timing the
+// orders on one GPU.
+enum class TileOrderEnv { automatic, per_unit, heavy_first };
+TileOrderEnv tile_order_env();
+
 // Throws flashattn::Error(runtime) naming the call and the CUDA error.
 void check_cuda(cudaError_t err, const char* what);
 void check_launch(const char* kernel_name);
