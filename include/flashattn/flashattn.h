@@ -140,7 +140,10 @@ struct KVCacheArgs {
   bool rotary_interleaved = true;  // pairs (0,1),(2,3)… ; false: GPT-NeoX (i, i + rotary_dim/2)
   int num_splits = 0;      // 0: heuristic; 1: no split; n: up to kMaxSplits
   // Optional caller-owned device/host scratch of at least plan_kvcache(...).workspace_bytes,
-  // 256-byte aligned; when not given the backend allocates (and frees) its own.
+  // 256-byte aligned. When not given, CUDA calls use a scratch buffer kept per stream (as large
+  // as the largest call on that stream needed; kept until the process ends), or while the
+  // stream is being captured into a CUDA graph, memory allocated and freed around the call;
+  // CPU calls allocate their own.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

@@ -27,9 +27,16 @@ int deep_decode_sms(int device_index, DType dtype, int head_dim);
 bool supports(DType dtype, int head_dim);  // an instance is compiled for this case
 void run_attention(const AttnParams& params, void* stream);
 void run_append(const AppendParams& params, void* stream);
-// Scratch for calls that were not given a workspace (freed after the call, stream-ordered).
-void* allocate(size_t bytes, void* stream, int device_index);
-void release(void* ptr, void* stream);
+// Scratch for a call that was not given a workspace: the stream's cached buffer (grown when a
+// call needs more), held by this call until release_scratch so that no other host thread's
+// call on the stream can grow it meanwhile; while the stream is being captured into a CUDA
+// graph, memory allocated for this call and freed after it (stream-ordered).
+struct ScratchLease {
+  void* ptr = nullptr;
+  void* stream_entry = nullptr;  // the stream's cache entry (locked), or null
+};
+ScratchLease acquire_scratch(size_t bytes, void* stream, int device_index);
+void release_scratch(const ScratchLease& lease, void* stream);
 std::string compiled_instances();  // "bf16: 64 128; fp16: 64 128" for build_info()
 }  // namespace cuda
 

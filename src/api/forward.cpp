@@ -13,7 +13,8 @@ namespace {
 
 // ---- scratch memory --------------------------------------------------------------------------
 
-// Scratch for one call: the caller's workspace, or memory owned by this object.
+// Scratch for one call: the caller's workspace, the CUDA backend's scratch for the call's
+// stream (cuda::acquire_scratch, released when the call is done), or host memory owned here.
 class Scratch {
  public:
   Scratch(const Problem& p, size_t bytes, void* given, void* stream) : stream_(stream) {
@@ -21,17 +22,15 @@ class Scratch {
     if (given) {
       base_ = static_cast<char*>(given);
     } else if (p.device == Device::cuda) {
-      base_ = static_cast<char*>(cuda::allocate(bytes, stream, p.device_index));
-      owned_ = true;
+      lease_ = cuda::acquire_scratch(bytes, stream, p.device_index);
+      base_ = static_cast<char*>(lease_.ptr);
     } else {
       host_.reset(new char[bytes + kWorkspaceAlign]);
       const uintptr_t raw = reinterpret_cast<uintptr_t>(host_.get());
       base_ = reinterpret_cast<char*>((raw + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign);
     }
   }
-  ~Scratch() {
-    if (owned_) cuda::release(base_, stream_);
-  }
+  ~Scratch() { cuda::release_scratch(lease_, stream_); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   char* at(size_t offset) const { return base_ + offset; }
@@ -39,7 +38,7 @@ class Scratch {
  private:
   void* stream_;
   char* base_ = nullptr;
-  bool owned_ = false;
+  cuda::ScratchLease lease_;
   std::unique_ptr<char[]> host_;
 };
 

@@ -20,9 +20,11 @@ int deep_decode_sms(int /*device_index*/, DType /*dtype*/, int /*head_dim*/) { r
 bool supports(DType /*dtype*/, int /*head_dim*/) { return false; }
 void run_attention(const AttnParams& /*params*/, void* /*stream*/) { refuse("attention"); }
 void run_append(const AppendParams& /*params*/, void* /*stream*/) { refuse("kv-cache append"); }
-void* allocate(size_t /*bytes*/, void* /*stream*/, int /*device_index*/) { refuse("device allocation"); }
-void release(void* ptr, void* /*stream*/) {
-  if (ptr != nullptr) refuse("device release");
+ScratchLease acquire_scratch(size_t /*bytes*/, void* /*stream*/, int /*device_index*/) {
+  refuse("device allocation");
+}
+void release_scratch(const ScratchLease& lease, void* /*stream*/) {
+  if (lease.ptr != nullptr) refuse("device release");
 }
 std::string compiled_instances() { return "none (built without CUDA)"; }
 
