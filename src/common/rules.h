@@ -118,7 +118,9 @@ FA_HD float alibi_bias(float slope, int i, int j, int seqlen_q, int seqlen_k) {
 
 // ---- GQA ---------------------------------------------------------------------------------
 
-FA_HD int heads_per_kv_head(const AttnParams& p) { return p.num_heads / p.num_heads_k; }
+// (Unsigned divisions here and below: the operands are never negative, and a GPU divides
+// unsigned integers in about half the instructions.)
+FA_HD int heads_per_kv_head(const AttnParams& p) { return int(unsigned(p.num_heads) / unsigned(p.num_heads_k)); }
 
 // With pack_gqa a tile row r of KV head hk stands for query (r / g, head hk*g + r % g).
 struct PackedRow {
@@ -127,8 +129,9 @@ struct PackedRow {
 };
 
 FA_HD PackedRow unpack_row(const AttnParams& p, int r, int hk) {
-  const int g = heads_per_kv_head(p);
-  return PackedRow{r / g, hk * g + r % g};
+  const unsigned g = unsigned(heads_per_kv_head(p));
+  const unsigned query = unsigned(r) / g;
+  return PackedRow{int(query), hk * int(g) + int(unsigned(r) - query * g)};
 }
 
 // ---- query tiles -------------------------------------------------------------------------
@@ -155,6 +158,7 @@ FA_HD int query_tile_rows(const AttnParams& p) {
 
 // Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at
 // the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
+// A power of two (the CUDA kernel cuts splits with shifts).
 FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
 
 // CUDA sm_90, d = 64 prefill: the 96-key wgmma tile unless it pads the keys by over 5% more
@@ -189,7 +193,7 @@ constexpr int kDeepDecodeMaxHeadDim = 128;
 // sliding windows.
 FA_HD KeyRange split_tiles(int split, int num_splits, int tile_lo, int tile_hi) {
   const int tiles = tile_hi - tile_lo;
-  const int per_split = (tiles + num_splits - 1) / num_splits;
+  const int per_split = int(unsigned(tiles + num_splits - 1) / unsigned(num_splits));
   int first = tile_lo + split * per_split;
   int last = first + per_split;
   if (last > tile_hi) last = tile_hi;

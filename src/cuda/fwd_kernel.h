@@ -215,6 +215,39 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
   }
 }
 
+// load_tile for kRows rows row_stride elements apart from first_row (contiguous K/V): rows >=
+// rows_valid and columns >= head_dim are zero-filled. Each thread computes its first source
+// address once and steps it by constant multiples of the stride, so that a 16-byte copy costs a
+// predicate, an address add and the copy (the per-row offsets of load_tile cost ~15 integer
+// instructions per copy, a third of a one-tile decode CTA's instructions: docs/PERF.md,
+// session 4 run 7).
+template <class Traits, int kRows, class SmemTensor>
+__device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename Traits::Element* base,
+                                                  const typename Traits::Element* first_row,
+                                                  int64_t row_stride, int rows_valid, int head_dim,
+                                                  int tid) {
+  if (tid >= Traits::kGmemThreads) return;
+  typename Traits::GmemTiledCopy gmem_copy;
+  auto thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tXsX = thr_copy.partition_D(sX);  // (CPY, CPY_M, CPY_K)
+  Tensor cX = make_identity_tensor(Shape<Int<kRows>, Int<Traits::kHeadDim>>{});
+  Tensor tXcX = thr_copy.partition_D(cX);  // (CPY, CPY_M, CPY_K) -> (row, col)
+  const int row = get<0>(tXcX(0, 0, 0));
+  const int col = get<1>(tXcX(0, 0, 0));
+  const typename Traits::Element* src = first_row + row * row_stride + col;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tXsX); ++m) {
+    const int drow = get<0>(tXcX(0, m, 0)) - row;  // a constant of the partition
+    const bool row_ok = row + drow < rows_valid;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tXsX); ++k) {
+      const int dcol = get<1>(tXcX(0, m, k)) - col;  // a constant of the partition
+      const bool valid = row_ok && col + dcol < head_dim;
+      cp_async_16(&tXsX(0, m, k), valid ? src + drow * row_stride + dcol : base, valid);
+    }
+  }
+}
+
 template <class Traits, class SmemTensor>
 __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off, SmemTensor& sQ,
                                        int tid) {
@@ -236,10 +269,8 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
     const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
     const int64_t row0 = kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
                                        row_stride, kIsV ? p.v_head_stride : p.k_head_stride, c.hk);
-    const int rows_valid = c.seq.seqlen_k - j0;
-    load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, [&](int r) {
-      return r < rows_valid ? row0 + r * row_stride : kNoRow;
-    });
+    load_strided_rows<Traits, Traits::kBlockN>(sX, base, base + row0, row_stride, c.seq.seqlen_k - j0,
+                                               p.head_dim, tid);
   } else {
     load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, [&](int r) {
       return kIsV ? kv_off[r].v : kv_off[r].k;
@@ -259,10 +290,10 @@ __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   const int unit = heavy_first ? blockIdx.x : blockIdx.z;
   const int m_block = heavy_first ? blockIdx.z : blockIdx.x;
   const int m_blocks = heavy_first ? gridDim.z : gridDim.x;
-  c.b = unit / heads;
-  c.head = unit % heads;
+  c.b = int(unsigned(unit) / unsigned(heads));
+  c.head = unit - c.b * heads;
   c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
-  c.hk = p.pack_gqa ? c.head : c.head / heads_per_kv_head(p);
+  c.hk = p.pack_gqa ? c.head : int(unsigned(c.head) / unsigned(heads_per_kv_head(p)));
   c.seq = seq_info(p, c.b);
   c.rows = c.seq.seqlen_q * c.g;
   // Heavy (late, causal) query tiles first: better tail balance.
@@ -290,10 +321,13 @@ __device__ __forceinline__ CtaKeyTiles cta_key_tiles(const AttnParams& p, const 
     // Splits are cut at whole splitkv_block_n(head_dim)-key units, as the CPU backend cuts
     // them; a unit is a whole number of this kernel's tiles (launch_fwd checks), also when a
     // larger compiled head dim serves this one.
+    // The unit is a power of two: shifts instead of divisions (keys are never negative).
     const int unit = splitkv_block_n(p.head_dim);
+    const int unit_log2 = __ffs(unit) - 1;
     const int tiles_per_unit = unit / kBlockN;
-    const KeyRange cut = split_tiles(split, p.num_splits, keys.lo / unit,
-                                     keys.hi > keys.lo ? (keys.hi + unit - 1) / unit : keys.lo / unit);
+    const int unit_lo = keys.lo >> unit_log2;
+    const int unit_hi = keys.hi > keys.lo ? (keys.hi + unit - 1) >> unit_log2 : unit_lo;
+    const KeyRange cut = split_tiles(split, p.num_splits, unit_lo, unit_hi);
     t.lo = max(t.lo, cut.lo * tiles_per_unit);
     t.hi = min(t.hi, cut.hi * tiles_per_unit);
     if (t.hi < t.lo) t.hi = t.lo;
@@ -465,15 +499,15 @@ struct KvStages {
     return make_tensor(make_smem_ptr(v + stage * kElems), typename Traits::SmemLayoutVt{});
   }
   __device__ __forceinline__ KvRowOffsets* table(int n) const {
-    return tables + (n % Traits::kStages) * Traits::kBlockN;
+    return tables + (unsigned(n) % Traits::kStages) * Traits::kBlockN;  // n >= 0
   }
   // The K and V copies of tile n into its stage: always one commit group (possibly empty, for
   // n before the first tile), so that wait_group counts stay in step near the end of the walk.
   __device__ __forceinline__ void issue(const AttnParams& p, const CtaInfo& c,
                                         const CtaKeyTiles& tiles, int n, int tid) const {
     if (n >= tiles.lo) {
-      auto k_stage = k_tile(n % Traits::kStages);
-      auto v_stage = v_tile(n % Traits::kStages);
+      auto k_stage = k_tile(unsigned(n) % Traits::kStages);
+      auto v_stage = v_tile(unsigned(n) % Traits::kStages);
       load_kv<Traits, false>(p, c, table(n), n, k_stage, tid);
       load_kv<Traits, true>(p, c, table(n), n, v_stage, tid);
     }

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
       copy(smem_copy_q, tSsQ, tSrQ_view);
     }
-    const int stage = n % kStages;
+    const int stage = unsigned(n) % kStages;  // n >= tiles.lo >= 0
     Tensor tSsK = make_tensor(tSsK0.data() + stage * kKVElems, tSsK0.layout());
     Tensor tOsVt = make_tensor(tOsVt0.data() + stage * kKVElems, tOsVt0.layout());
 
