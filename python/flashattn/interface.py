@@ -269,7 +269,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Returns out (b, sq, h, d); with return_softmax_lse=True (out, softmax_lse (b, h, sq)).
     workspace=: scratch of plan_kvcache(...).workspace_bytes from allocate_workspace; without it
-    the backend allocates its own per call.
+    the backend uses a scratch buffer it keeps per CUDA stream (and allocates one per call while
+    the stream is being captured into a CUDA graph: pass workspace= there).
     """
     left, right = _window(window_size)
     b, sq, h, _ = _shape(q, "q", (4,))

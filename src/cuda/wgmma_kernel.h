@@ -6,8 +6,9 @@
 // exactly as in fwd_kernel.h (paging, varlen, leftpad, packed GQA and arbitrary strides stay one
 // code path), into the swizzled 128-byte layouts that wgmma reads straight from shared memory.
 //
-// kStages K/V buffers let tile n-1 stream in during tile n. Per tile n, one barrier:
-//   wait tile n; fence to the async proxy; barrier | issue tile n-1 |
+// kStages K/V buffers let tiles n-1 ... n-kStages+1 stream in during tile n. Per tile n, one
+// barrier:
+//   wait tile n; fence to the async proxy; barrier | issue tile n-kStages+1 |
 //   S = Q K^T (wgmma, smem x smem) | rules, online softmax | O += P V (wgmma, P from registers)
 // The narrow tile (two CTAs per SM) lets one CTA's softmax run under the other's MMAs.
 // FlashAttention-3's intra-warpgroup pipelining (S of tile n-1 issued before the softmax of tile
@@ -36,6 +37,9 @@ struct WgmmaTileConfig {
   static constexpr bool kTwoPerSm = kTile != WgmmaTile::wide;
   static constexpr int kBlockN = kTile == WgmmaTile::narrow96 ? 96 : (kTwoPerSm || kHeadDim > 128) ? 64 : 128;
   static constexpr int kMinBlocksPerSm = kTwoPerSm ? 2 : 1;
+  // K/V stages: one tile in flight while one is computed (three stages at d = 64, two tiles in
+  // flight, measured no faster: docs/PERF.md, session 4 run 8).
+  static constexpr int kStages = 2;
   static_assert(kTile != WgmmaTile::narrow96 || kHeadDim == 64, "96-key narrow tile: d = 64 only");
 };
 
@@ -47,7 +51,7 @@ struct WgmmaTraits
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
   using Element = Element_;
   static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = Config::kStages;
   static_assert(kHeadDim % 64 == 0, "rows of whole 128-byte swizzle atoms");
 
   // K-major 128-byte swizzled layouts, as wgmma's shared-memory descriptors expect them.
@@ -144,13 +148,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
   auto offsets_of_tile = [&](int n) { kv.prepare(p, c, tiles, n, tid); };
 
-  // ---- prologue: Q and tile hi-1 in flight; offsets of tile hi-2 ready after the next barrier
+  // ---- prologue: Q and tiles hi-1 ... hi-(kStages-1) in flight; the offsets of those and of
+  // the tile the first iteration issues
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
-  offsets_of_tile(tiles.hi - 1);
+  CUTE_UNROLL
+  for (int i = 1; i <= kStages; ++i) offsets_of_tile(tiles.hi - i);
   __syncthreads();
   if (tiles.hi > tiles.lo) load_q<Traits>(p, q_off, sQ, tid);
-  issue_tile(tiles.hi - 1);
-  offsets_of_tile(tiles.hi - 2);
+  CUTE_UNROLL
+  for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
 
   // ---- MMA partitions (thread slices of the two-warpgroup tiled MMAs)
   typename Traits::TiledMmaS mma_s;
@@ -175,13 +181,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   // ---- mainloop over key tiles, last first (the scores and P are local to the tile, which
   // keeps the narrow d = 128 tile within its 128 registers)
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
-    cp_async_wait<0>();
+    cp_async_wait<kStages - 2>();
     cutlass::arch::fence_view_async_shared();  // this thread's cp.async data, to wgmma's proxy
     __syncthreads();  // tile n landed for all; every warpgroup is done with tile n+1's stage
-    issue_tile(n - 1);
-    offsets_of_tile(n - 2);  // into tile n's table (its copies are issued)
+    issue_tile(n - (kStages - 1));  // into tile n+1's stage
+    offsets_of_tile(n - kStages);   // into tile n's table (its copies are issued)
 
-    Tensor tSrK = thr_s.partition_fragment_B(kv.k_tile(n % kStages));
+    const int stage = unsigned(n) % kStages;  // n >= tiles.lo >= 0
+    Tensor tSrK = thr_s.partition_fragment_B(kv.k_tile(stage));
     Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wgmma_issue<true>(mma_s, tSrQ, tSrK, acc_s);
     warpgroup_wait<0>();
@@ -195,7 +202,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
 
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
-    Tensor tOrV = thr_o.partition_fragment_B(kv.vt_tile(n % kStages));
+    Tensor tOrV = thr_o.partition_fragment_B(kv.vt_tile(stage));
     wgmma_issue<false>(mma_o, tOrP, tOrV, acc_o);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
