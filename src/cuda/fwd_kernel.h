@@ -191,6 +191,16 @@ __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
 
 // ---- loads, one (row, 16-byte chunk) pair per cp.async --------------------------------------
 
+// This thread's share of a (kRows x kHeadDim) tile copy: its 16-byte smem chunks and their
+// (row, column) coordinates, both (CPY, CPY_M, CPY_K).
+template <class Traits, int kRows, class SmemTensor>
+__device__ __forceinline__ auto copy_partition(SmemTensor& sX, int tid) {
+  typename Traits::GmemTiledCopy gmem_copy;
+  auto thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor cX = make_identity_tensor(Shape<Int<kRows>, Int<Traits::kHeadDim>>{});
+  return cute::make_tuple(thr_copy.partition_D(sX), thr_copy.partition_D(cX));
+}
+
 // Fills the smem tile sX (kRows x kHeadDim) from base + row_off(r) + column; zero-fills rows
 // whose offset is kNoRow and columns >= head_dim. The smem side is partitioned by CuTe (static
 // per-thread offsets into the swizzled layout); the global side is one offset per row.
@@ -198,11 +208,9 @@ template <class Traits, int kRows, class SmemTensor, class RowOff>
 __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
                                           int head_dim, int tid, RowOff row_off) {
   if (tid >= Traits::kGmemThreads) return;
-  typename Traits::GmemTiledCopy gmem_copy;
-  auto thr_copy = gmem_copy.get_thread_slice(tid);
-  Tensor tXsX = thr_copy.partition_D(sX);  // (CPY, CPY_M, CPY_K)
-  Tensor cX = make_identity_tensor(Shape<Int<kRows>, Int<Traits::kHeadDim>>{});
-  Tensor tXcX = thr_copy.partition_D(cX);  // (CPY, CPY_M, CPY_K) -> (row, col)
+  auto part = copy_partition<Traits, kRows>(sX, tid);
+  auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
+  const auto& tXcX = get<1>(part);  // (CPY, CPY_M, CPY_K) -> (row, col)
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tXsX); ++m) {
     const int64_t off = row_off(get<0>(tXcX(0, m, 0)));
@@ -227,11 +235,9 @@ __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename
                                                   int64_t row_stride, int rows_valid, int head_dim,
                                                   int tid) {
   if (tid >= Traits::kGmemThreads) return;
-  typename Traits::GmemTiledCopy gmem_copy;
-  auto thr_copy = gmem_copy.get_thread_slice(tid);
-  Tensor tXsX = thr_copy.partition_D(sX);  // (CPY, CPY_M, CPY_K)
-  Tensor cX = make_identity_tensor(Shape<Int<kRows>, Int<Traits::kHeadDim>>{});
-  Tensor tXcX = thr_copy.partition_D(cX);  // (CPY, CPY_M, CPY_K) -> (row, col)
+  auto part = copy_partition<Traits, kRows>(sX, tid);
+  auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
+  const auto& tXcX = get<1>(part);  // (CPY, CPY_M, CPY_K) -> (row, col)
   const int row = get<0>(tXcX(0, 0, 0));
   const int col = get<1>(tXcX(0, 0, 0));
   const typename Traits::Element* src = first_row + row * row_stride + col;
