@@ -22,8 +22,9 @@ constexpr int kCtasPerSm = 2;
 // kDeepFewUnitsFraction of the SMs and the default plan splits them into walks of at most
 // kDeepDecodeMaxTiles key tiles; its split count is FlashAttention-2's heuristic over the SMs
 // (one CTA each). Measured (docs/PERF.md, session 3): batch 1 gains 3-7%; paged K/V loses
-// (one CTA per SM leaves its page-table reads exposed) and so does batch 8 since the paged
-// read was moved out of the way (runs 11, 12).
+// (one CTA per SM leaves its page-table reads exposed; the deep kernel is compiled for
+// contiguous K/V only); batch 8 gains nothing (session 4 run 1: 24.4 us unsplit on the deep
+// pipeline against 24.3 on the default one).
 constexpr int kDeepDecodeMaxTiles = 16;
 constexpr double kDeepFewUnitsFraction = 0.25;
 

@@ -325,7 +325,7 @@ ScratchLease acquire_scratch(size_t bytes, void* stream_handle, int device_index
   if (entry.bytes < bytes) {
     // The old buffer's last use is earlier on this stream: freeing it here is stream-ordered.
     if (entry.ptr != nullptr) check_cuda(cudaFreeAsync(entry.ptr, stream), "cudaFreeAsync");
-    entry.ptr = nullptr;
+    entry.ptr = nullptr;  // empty, not freed memory, if the allocation below throws
     entry.bytes = 0;
     entry.ptr = pool_allocate(bytes, stream, device_index);
     entry.bytes = bytes;
