@@ -81,6 +81,7 @@ stage_sanitize() {
     "--kvcache --splits 12 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
     "--kvcache --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1 --rotary neox"
     "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
+    "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128"
   )
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do

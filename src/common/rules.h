@@ -182,6 +182,29 @@ inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_t
   return walk_grows_with_rows && query_tiles > 1;
 }
 
+// CUDA L2 hint (AttnParams::kv_evict_first): the K/V copies of a call whose every K/V byte is
+// read by one CTA only, a (batch, head) unit having one query tile and no other unit reading
+// its KV head (packed GQA, or as many query heads as KV heads), ask the L2 to evict their lines
+// first, so that they replace each other rather than other data -- where the call's K/V fits
+// the L2. Measured (docs/PERF.md, session 5 runs 2-4): calls whose K/V fit the L2 gained 2-6%
+// (batch 1 x 1k, 8 x 1k), calls streaming ten times the L2 lost 3-6%. (The same hint on Q
+// copies of unsplit prefill measured nothing and is not used.)
+inline bool kv_evict_first(int64_t query_tiles, int units_per_kv_head, int64_t kv_bytes, int64_t l2_bytes) {
+  return query_tiles == 1 && units_per_kv_head == 1 && kv_bytes <= l2_bytes;
+}
+
+// CUDA: the warps of a split decode tile split the head dim instead of the keys (kernel_traits.h
+// SplitKeysTileConfig::kWarpsSplitDims) where each split walks at most this many key tiles:
+// the merge it saves is a large share of a short walk, while the 4x Q K^T work it costs shows
+// on long ones. Measured on the deep pipeline (docs/PERF.md, session 5 run 4): 1 and 4 tiles
+// per split (batch 1 x 1k, 1 x 4k) 0.5-0.6 us faster, 16 tiles (1 x 16k) 2 us slower.
+constexpr int kSplitDimsMaxTiles = 4;
+inline bool decode_warps_split_dims(int num_splits, int64_t key_tiles) {
+  if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
+  const int64_t tiles_per_split = (key_tiles + num_splits - 1) / num_splits;
+  return tiles_per_split <= kSplitDimsMaxTiles;
+}
+
 // CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head
 // dim instances up to this one (its five K/V stages fit sm_90's shared memory there).
 constexpr int kDeepDecodeMaxHeadDim = 128;

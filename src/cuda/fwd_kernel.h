@@ -15,6 +15,7 @@
 
 #include <cmath>
 
+#include <cute/arch/copy_sm90_desc.hpp>  // cute::TMA::CacheHintSm90
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
@@ -33,12 +34,23 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 
 // ---- small device helpers ------------------------------------------------------------------
 
-// 16-byte global->shared async copy; src_bytes 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+// An L2 eviction priority for the lines a copy brings in: evict-first where rules.h
+// kv_evict_first says so, normal otherwise. The values are the
+// cache policies PTX createpolicy.fractional makes (named by CuTe for TMA); as constants the
+// compiler rematerialises them instead of holding a register pair through the mainloop
+// (createpolicy itself cost spills at d = 128).
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  return uint64_t(evict_first ? cute::TMA::CacheHintSm90::EVICT_FIRST : cute::TMA::CacheHintSm90::EVICT_NORMAL);
+}
+
+// 16-byte global->shared async copy with an L2 policy (l2_policy); src_bytes 0 zero-fills the
+// destination without reading.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid,
+                                            uint64_t policy) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(gmem_src), "r"(src_bytes), "l"(policy));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -206,7 +218,7 @@ __device__ __forceinline__ auto copy_partition(SmemTensor& sX, int tid) {
 // per-thread offsets into the swizzled layout); the global side is one offset per row.
 template <class Traits, int kRows, class SmemTensor, class RowOff>
 __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
-                                          int head_dim, int tid, RowOff row_off) {
+                                          int head_dim, int tid, uint64_t policy, RowOff row_off) {
   if (tid >= Traits::kGmemThreads) return;
   auto part = copy_partition<Traits, kRows>(sX, tid);
   auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
@@ -218,7 +230,7 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int col = get<1>(tXcX(0, m, k));
       const bool valid = off != kNoRow && col < head_dim;
-      cp_async_16(&tXsX(0, m, k), valid ? base + off + col : base, valid);
+      cp_async_16(&tXsX(0, m, k), valid ? base + off + col : base, valid, policy);
     }
   }
 }
@@ -233,7 +245,7 @@ template <class Traits, int kRows, class SmemTensor>
 __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename Traits::Element* base,
                                                   const typename Traits::Element* first_row,
                                                   int64_t row_stride, int rows_valid, int head_dim,
-                                                  int tid) {
+                                                  int tid, uint64_t policy) {
   if (tid >= Traits::kGmemThreads) return;
   auto part = copy_partition<Traits, kRows>(sX, tid);
   auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
@@ -249,7 +261,7 @@ __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int dcol = get<1>(tXcX(0, m, k)) - col;  // a constant of the partition
       const bool valid = row_ok && col + dcol < head_dim;
-      cp_async_16(&tXsX(0, m, k), valid ? src + drow * row_stride + dcol : base, valid);
+      cp_async_16(&tXsX(0, m, k), valid ? src + drow * row_stride + dcol : base, valid, policy);
     }
   }
 }
@@ -258,7 +270,7 @@ template <class Traits, class SmemTensor>
 __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off, SmemTensor& sQ,
                                        int tid) {
   load_tile<Traits, Traits::kBlockM>(sQ, static_cast<const typename Traits::Element*>(p.q),
-                                     p.head_dim, tid, [&](int r) { return q_off[r]; });
+                                     p.head_dim, tid, l2_policy(false), [&](int r) { return q_off[r]; });
 }
 
 // K (kIsV false) or V tile n. Paged K/V reads the per-row offset table; contiguous K/V walks its
@@ -270,15 +282,17 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
                                         int tid) {
   using Element = typename Traits::Element;
   const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
+  // Only the decode tile's kernel hints K/V (the others re-read K/V across query tiles).
+  const uint64_t policy = l2_policy(Traits::kBlockM == kQueryTileRowsDecode && p.kv_evict_first);
   if (!reads_page_table<Traits>(p)) {
     const int j0 = n * Traits::kBlockN;
     const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
     const int64_t row0 = kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
                                        row_stride, kIsV ? p.v_head_stride : p.k_head_stride, c.hk);
     load_strided_rows<Traits, Traits::kBlockN>(sX, base, base + row0, row_stride, c.seq.seqlen_k - j0,
-                                               p.head_dim, tid);
+                                               p.head_dim, tid, policy);
   } else {
-    load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, [&](int r) {
+    load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, policy, [&](int r) {
       return kIsV ? kv_off[r].v : kv_off[r].k;
     });
   }

@@ -28,6 +28,14 @@ inline bool launch_heavy_tiles_first(const AttnParams& p, int64_t m_blocks) {
   }
 }
 
+// The evict-first hint of rules.h kv_evict_first, unless FLASHATTN_L2_HINT=off.
+inline void set_l2_hints(AttnParams& p, int64_t m_blocks) {
+  const int64_t kv_bytes = int64_t(p.batch) * p.seqlen_k * p.num_heads_k * p.head_dim * 2 * int64_t(dtype_size(p.dtype));
+  p.kv_evict_first = !l2_hint_disabled() &&
+                     kv_evict_first(m_blocks, p.pack_gqa ? 1 : p.num_heads / p.num_heads_k, kv_bytes,
+                                    l2_cache_bytes(p.device_index));
+}
+
 // Launches kernel (fwd_kernel, splitkeys_kernel or wgmma_kernel, instantiated for Traits) over
 // the grid (query tiles, splits, batch x heads), or (batch x heads, splits, query tiles) with
 // the query tiles heaviest first (AttnParams::heavy_tiles_first).
@@ -50,6 +58,7 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   AttnParams kp = p;
   kp.heavy_tiles_first = Traits::kBlockM != kQueryTileRowsDecode && m_blocks <= kMaxGridYZ &&
                          launch_heavy_tiles_first(p, m_blocks);
+  set_l2_hints(kp, m_blocks);
   const int64_t grid_z = kp.heavy_tiles_first ? m_blocks : ctas_z;  // heavy first: <= kMaxGridYZ
   if (grid_z > kMaxGridYZ || p.num_splits > kMaxGridYZ) {
     throw Error(Error::Kind::unsupported,
@@ -95,6 +104,22 @@ void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
 }
 #endif
 
+// The decode tile's kernel on the pipeline kDeep, its warps splitting the head dim where rules.h
+// decode_warps_split_dims says so and the head dim allows, else the keys.
+template <typename Element, int kHeadDim, bool kDeep>
+void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char* name) {
+  using DimsSplit = SplitKeysTraits<Element, kHeadDim, kDeep, true>;
+  if constexpr (DimsSplit::kWarpsSplitDims) {
+    const int64_t key_tiles = (int64_t(params.seqlen_k) + DimsSplit::kBlockN - 1) / DimsSplit::kBlockN;
+    if (decode_warps_split_dims(params.num_splits, key_tiles)) {
+      launch_fwd<DimsSplit>(params, stream, &fwd::splitkeys_kernel<DimsSplit>, name);
+      return;
+    }
+  }
+  using KeysSplit = SplitKeysTraits<Element, kHeadDim, kDeep, false>;
+  launch_fwd<KeysSplit>(params, stream, &fwd::splitkeys_kernel<KeysSplit>, name);
+}
+
 // rules.h query_tile_rows picks the tile height; the CPU backend walks the same tiles.
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, cudaStream_t stream) {
@@ -111,14 +136,13 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
         throw Error(Error::Kind::runtime, "flashattn: the deep decode pipeline reads contiguous K/V only");
       }
       if constexpr (kHeadDim <= kDeepDecodeMaxHeadDim) {
-        using Deep = SplitKeysTraits<Element, kHeadDim, true>;
-        launch_fwd<Deep>(params, stream, &fwd::splitkeys_kernel<Deep>, "flashattn splitkeys_kernel (deep)");
+        launch_splitkeys<Element, kHeadDim, true>(params, stream, "flashattn splitkeys_kernel (deep)");
         return;
       }
       throw Error(Error::Kind::runtime, "flashattn: no deep decode pipeline above d = " +
                                             std::to_string(kDeepDecodeMaxHeadDim));
     }
-    launch_fwd<SplitKeys>(params, stream, &fwd::splitkeys_kernel<SplitKeys>, "flashattn splitkeys_kernel");
+    launch_splitkeys<Element, kHeadDim, false>(params, stream, "flashattn splitkeys_kernel");
   } else if (tile_rows == kQueryTileRowsShort) {
     launch_fwd<Short>(params, stream, &fwd::fwd_kernel<Short>, "flashattn fwd_kernel (64 rows)");
   } else {

@@ -157,7 +157,7 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 // Deep (kDeep, d <= 128, sm_90's shared memory): 5 stages (four tiles in flight) at one CTA per
 // SM, for few CTAs with short key walks, where the default pipeline leaves the memory system
 // waiting (make_plan's rule; docs/PERF.md, session 3).
-template <int kHeadDim, bool kDeep>
+template <int kHeadDim, bool kDeep, bool kSplitDims>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
   static constexpr int kStages = kDeep ? 5 : 2;
@@ -166,30 +166,41 @@ struct SplitKeysTileConfig {
   // The deep pipeline serves contiguous K/V only (make_plan); compiled without the page-table
   // reads, it keeps the registers and instructions those cost out of its short walks.
   static constexpr bool kPagedKv = !kDeep;
+  // kSplitDims: the warps split the head dim instead of the keys, at d = 64 and 128 (16 and 32
+  // columns of O per warp; d = 192's 48 do not tile the swizzled V layout): every warp computes the tile's whole S (4x the Q K^T tensor
+  // work, which short walks can afford: rules.h decode_warps_split_dims) and its own columns
+  // of O, so the warps need no merge at the end (three barriers and ~200 instructions of a
+  // one-tile CTA's ~1,400, docs/PERF.md session 5).
+  static constexpr bool kWarpsSplitDims = kSplitDims && (kHeadDim == 64 || kHeadDim == 128);
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
 };
 
-template <typename Element_, int kHeadDim_, bool kDeep = false>
+template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false>
 struct SplitKeysTraits
-    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep>::kBlockM,
-                     SplitKeysTileConfig<kHeadDim_, kDeep>::kBlockN, SplitKeysTileConfig<kHeadDim_, kDeep>::kNWarps> {
-  using Config = SplitKeysTileConfig<kHeadDim_, kDeep>;
+    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>::kBlockM,
+                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>::kBlockN,
+                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>::kNWarps> {
+  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>;
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
   static constexpr bool kPagedKv = Config::kPagedKv;
-  static constexpr int kKeysPerWarp = kBlockN / kNWarps;
+  static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
+  // Each warp's keys of a K/V tile and columns of O.
+  static constexpr int kKeysPerWarp = kWarpsSplitDims ? kBlockN : kBlockN / kNWarps;
+  static constexpr int kDimsPerWarp = kWarpsSplitDims ? kHeadDim / kNWarps : kHeadDim;
   static_assert(kBlockM == 16, "one MMA slab of rows");
   // Whole MMA K steps, so a warp's key slice also starts on a swizzle atom row (8 rows).
   static_assert(kKeysPerWarp % 16 == 0, "each warp's keys are whole MMA K steps");
+  static_assert(kDimsPerWarp % 16 == 0, "each warp's O columns are whole MMA N tiles");
 
-  // One warp's MMA: 16 rows x (its keys or the head dim), tiled by 16 for ldmatrix.x4.
+  // One warp's MMA: 16 rows x (its keys or its O columns), tiled by 16 for ldmatrix.x4.
   using TiledMma = cute::TiledMMA<cute::MMA_Atom<typename MmaAtomFor<Element_>::type>,
                                   cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>,
                                   cute::Tile<cute::_16, cute::_16, cute::_16>>;
-  // One warp's slice of a K tile (kKeysPerWarp, d) and of V seen as (d, kKeysPerWarp).
+  // One warp's slice of a K tile (kKeysPerWarp, d) and of V seen as (kDimsPerWarp, kKeysPerWarp).
   using WarpKeys = cute::Shape<cute::Int<kKeysPerWarp>, cute::Int<kHeadDim>>;
-  using WarpKeysT = cute::Shape<cute::Int<kHeadDim>, cute::Int<kKeysPerWarp>>;
+  using WarpKeysT = cute::Shape<cute::Int<kDimsPerWarp>, cute::Int<kKeysPerWarp>>;
   using SmemLayoutVtWarpNoSwizzle = decltype(cute::make_layout(
       WarpKeysT{}, cute::GenRowMajor{}));  // fragment shape only
 

@@ -8,6 +8,10 @@
 //   wait tile n; barrier | issue tile n-kStages+1 | per warp: S = Q K_w^T, rules, softmax, O_w += P V_w
 // At the end the warps merge (max, sum, O) through shared memory, laid over the K/V buffers,
 // and write O (or the split's fp32 partials) with 16-byte stores, and LSE.
+// Short split walks at d = 64 and 128 (Traits::kWarpsSplitDims, rules.h
+// decode_warps_split_dims) split the head dim instead: every warp computes the whole S of a
+// tile and its own columns of O, and writes them from registers with no merge
+// (store_warp_columns).
 //
 // Rows, masks, paging, splits and packed GQA follow the same rules.h definitions as the
 // 128-row kernel (fwd_kernel.h), whose helpers this file uses.
@@ -18,6 +22,46 @@
 namespace flashattn {
 namespace cuda {
 namespace fwd {
+
+// The end of a CTA whose warps split the head dim (Traits::kWarpsSplitDims): every warp holds
+// the same row statistics and its own columns of O, so it normalises and writes them straight
+// from registers as the split's fp32 partials, and warp 0 writes the LSE (rules.h
+// decode_warps_split_dims takes this kernel only to split).
+template <class Traits, class AccO, int kRows>
+__device__ __forceinline__ void store_warp_columns(const AttnParams& p, const CtaInfo& c, int split,
+                                                   const AccO& acc_o, const float (&row_max)[kRows],
+                                                   const float (&row_sum)[kRows], const ScoreScale& sc,
+                                                   int warp, int lane) {
+  constexpr int kDimsPerWarp = Traits::kDimsPerWarp;
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(lane);
+  Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<kDimsPerWarp>>{});
+  Tensor tOcO = thr_mma.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, dims)
+  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
+  const bool owns_row_lse = warp == 0 && get<1>(tOcO_rc(0, 0)) == 0;  // one thread per row
+  const int col0 = warp * kDimsPerWarp;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = quad_allreduce_sum(row_sum[i]);
+    const int r = get<0>(tOcO_rc(i, 0));
+    if (c.m0 + r >= c.rows) continue;
+    // A row with no visible key (or an empty split) writes 0 and LSE -inf.
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float lse = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
+    const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+    const int64_t row = accum_row(p, split, c.b, pr.head, pr.query);
+    float* dst = p.o_accum + row * p.head_dim + col0;
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); d += 2) {
+      const int col = get<1>(tOcO_rc(i, d));
+      if (col0 + col < p.head_dim) {
+        *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * inv, o_rc(i, d + 1) * inv);
+      }
+    }
+    if (owns_row_lse) p.lse_accum[row] = lse;
+  }
+}
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
@@ -70,17 +114,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(lane);
-  auto warp_k = [&](int stage) {
-    return local_tile(kv.k_tile(stage), typename Traits::WarpKeys{}, make_coord(warp, 0));  // (keys, d)
+  constexpr bool kSplitDims = Traits::kWarpsSplitDims;
+  auto warp_k = [&](int stage) {  // (keys, d): this warp's keys, or all of them
+    return local_tile(kv.k_tile(stage), typename Traits::WarpKeys{}, make_coord(kSplitDims ? 0 : warp, 0));
   };
-  auto warp_vt = [&](int stage) {
-    return local_tile(kv.vt_tile(stage), typename Traits::WarpKeysT{}, make_coord(0, warp));  // (d, keys)
+  auto warp_vt = [&](int stage) {  // (dims, keys): this warp's keys, or its O columns
+    return local_tile(kv.vt_tile(stage), typename Traits::WarpKeysT{},
+                      kSplitDims ? make_coord(warp, 0) : make_coord(0, warp));
   };
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
   Tensor tSrK = thr_mma.partition_fragment_B(warp_k(0));
   Tensor tOrVt = thr_mma.partition_fragment_B(
       make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutVtWarpNoSwizzle{}));
-  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  constexpr int kDimsPerWarp = Traits::kDimsPerWarp;
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kDimsPerWarp>>{});
   clear(acc_o);
 
   auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
@@ -125,11 +172,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_k, smem_thr_copy_k);
 
     Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
-    const int key0 = n * kBlockN + warp * kKeysPerWarp;
+    const int key0 = n * kBlockN + (kSplitDims ? 0 : warp * kKeysPerWarp);
     const bool need_mask = !(key0 >= tiles.mask_free_lo && key0 + kKeysPerWarp <= tiles.mask_free_hi);
     apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
 
-    Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, d)
+    Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
     online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
 
     Tensor rP = convert_fragment<Element>(acc_s);
@@ -143,8 +190,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-  // ---- merge the warps: per row the max M and sum L over warps, O = sum_w O_w e^(m_w - M) / L
   cp_async_wait<0>();
+  if constexpr (kSplitDims) {
+    store_warp_columns<Traits>(p, c, split, acc_o, row_max, row_sum, sc, warp, lane);
+    return;
+  }
+
+  // ---- merge the warps: per row the max M and sum L over warps, O = sum_w O_w e^(m_w - M) / L
   __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
   Tensor tOcO = thr_mma.partition_C(cO);

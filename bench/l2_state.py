@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""How the L2's state before a decode call moves its time, for us and for SDPA (FlashAttention-2,
+cuDNN). do_bench flushes the L2 by writing zeros over a 256 MB buffer before each call, which
+leaves the L2 full of dirty lines: a call that evicts them pays for their write-back. This
+script times each call after that flush ("dirty") and after a flush that only reads a 256 MB
+buffer ("clean": the L2 is as cold for K/V, but holds clean lines), both as medians of event
+timings of single calls.
+
+    python3 bench/l2_state.py --points 8x16384 32x4096 128x1024 1x1024 8x1024
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashattn
+from bench import warm_up_gpu, warm_up_timing  # bench/bench.py
+
+H, HK, D = 32, 8, 128
+REPS = 200
+
+
+def median_us(fn, flush):
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
+    for _ in range(5):
+        fn()
+    for i in range(REPS):
+        flush()
+        start[i].record()
+        fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+    return times[REPS // 2] * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", nargs="+", default=["8x16384", "32x4096", "128x1024", "1x1024", "8x1024"])
+    ap.add_argument("--flushes", nargs="+", choices=["dirty", "clean"], default=["dirty", "clean"])
+    args = ap.parse_args()
+    warm_up_gpu()
+    warm_up_timing()
+    buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    all_flushes = {"dirty": lambda: buf.zero_(), "clean": lambda: buf.sum()}
+    flushes = {name: all_flushes[name] for name in args.flushes}
+    print(f"{'point':>10} {'flush':>6} {'ours us':>8} {'FA2 us':>8} {'cuDNN us':>8} {'ours TB/s':>9} {'cuDNN TB/s':>10}")
+    for point in args.points:
+        b, ctx = (int(x) for x in point.split("x"))
+        q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+        out = torch.empty_like(q)
+        ws = flashattn.allocate_workspace(flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens), like=q)
+        ours = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, out=out, workspace=ws)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        nbytes = 2 * b * ctx * HK * D * 2
+        for name, flush in flushes.items():
+            t_ours = median_us(ours, flush)
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                t_fa2 = median_us(sdpa, flush)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                t_cudnn = median_us(sdpa, flush)
+            print(f"{point:>10} {name:>6} {t_ours:8.1f} {t_fa2:8.1f} {t_cudnn:8.1f} "
+                  f"{nbytes / t_ours / 1e6:9.2f} {nbytes / t_cudnn / 1e6:10.2f}", flush=True)
+        del q, k, v, out, ws
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
