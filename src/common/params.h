@@ -76,9 +76,6 @@ struct AttnParams {
   // order of query tile, heaviest (last, under a causal mask) first across all units; set by
   // the launcher (launch_fwd).
   bool heavy_tiles_first = false;
-  // CUDA: the K/V copies (in the decode tile's kernel) ask the L2 to evict their lines first
-  // (rules.h kv_evict_first); set by the launcher (launch_fwd).
-  bool kv_evict_first = false;
 
   // ---- CPU only ----------------------------------------------------------------------------
   int num_threads = 0;

@@ -182,17 +182,6 @@ inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_t
   return walk_grows_with_rows && query_tiles > 1;
 }
 
-// CUDA L2 hint (AttnParams::kv_evict_first): the K/V copies of a call whose every K/V byte is
-// read by one CTA only, a (batch, head) unit having one query tile and no other unit reading
-// its KV head (packed GQA, or as many query heads as KV heads), ask the L2 to evict their lines
-// first, so that they replace each other rather than other data -- where the call's K/V fits
-// the L2. Measured (docs/PERF.md, session 5 runs 2-4): calls whose K/V fit the L2 gained 2-6%
-// (batch 1 x 1k, 8 x 1k), calls streaming ten times the L2 lost 3-6%. (The same hint on Q
-// copies of unsplit prefill measured nothing and is not used.)
-inline bool kv_evict_first(int64_t query_tiles, int units_per_kv_head, int64_t kv_bytes, int64_t l2_bytes) {
-  return query_tiles == 1 && units_per_kv_head == 1 && kv_bytes <= l2_bytes;
-}
-
 // CUDA: the warps of a split decode tile split the head dim instead of the keys (kernel_traits.h
 // SplitKeysTileConfig::kWarpsSplitDims) where each split walks at most this many key tiles:
 // the merge it saves is a large share of a short walk, while the 4x Q K^T work it costs shows

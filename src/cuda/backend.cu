@@ -150,7 +150,6 @@ namespace {
 struct DeviceInfo {
   int sms = 0;
   int cc_major = 0, cc_minor = 0;
-  int l2_bytes = 0;
 };
 
 const DeviceInfo& device_info(int device_index) {
@@ -166,8 +165,6 @@ const DeviceInfo& device_info(int device_index) {
              "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
   check_cuda(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
              "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
-  check_cuda(cudaDeviceGetAttribute(&info.l2_bytes, cudaDevAttrL2CacheSize, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrL2CacheSize)");
   return cache.emplace(device_index, info).first->second;  // node-based: the reference stays valid
 }
 
@@ -179,8 +176,6 @@ bool env_is(const char* name, const char* value) {
 }  // namespace
 
 int num_sms(int device_index) { return device_info(device_index).sms; }
-
-int64_t l2_cache_bytes(int device_index) { return device_info(device_index).l2_bytes; }
 
 int compute_capability_major(int device_index) { return device_info(device_index).cc_major; }
 
@@ -218,10 +213,6 @@ TileOrderEnv tile_order_env() {
   return forced;
 }
 
-bool l2_hint_disabled() {
-  static const bool disabled = env_is("FLASHATTN_L2_HINT", "off");
-  return disabled;
-}
 
 bool supports(DType dtype, int head_dim) {
   return head_dim > 0 && smallest_compiled(dtype, head_dim) > 0;

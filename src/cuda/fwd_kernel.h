@@ -34,23 +34,27 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 
 // ---- small device helpers ------------------------------------------------------------------
 
-// An L2 eviction priority for the lines a copy brings in: evict-first where rules.h
-// kv_evict_first says so, normal otherwise. The values are the
-// cache policies PTX createpolicy.fractional makes (named by CuTe for TMA); as constants the
-// compiler rematerialises them instead of holding a register pair through the mainloop
-// (createpolicy itself cost spills at d = 128).
-__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
-  return uint64_t(evict_first ? cute::TMA::CacheHintSm90::EVICT_FIRST : cute::TMA::CacheHintSm90::EVICT_NORMAL);
-}
+// The L2 eviction priority of the lines a copy brings in: the default, or evict-first
+// (Traits::kKvEvictFirst). The hinted copy carries the cache policy PTX createpolicy.fractional makes for
+// evict-first (the value CuTe names for TMA; a constant, which the compiler rematerialises
+// instead of holding a register pair through the mainloop). The default is the plain copy: the
+// hinted copy with an evict-normal policy measured 7% slower at batch 128 decode (docs/PERF.md,
+// session 5 run 6).
+enum class L2Hint { none, evict_first };
 
-// 16-byte global->shared async copy with an L2 policy (l2_policy); src_bytes 0 zero-fills the
-// destination without reading.
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid,
-                                            uint64_t policy) {
+// 16-byte global->shared async copy; src_bytes 0 zero-fills the destination without reading.
+template <L2Hint kHint = L2Hint::none>
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(gmem_src), "r"(src_bytes), "l"(policy));
+  if constexpr (kHint == L2Hint::evict_first) {
+    constexpr uint64_t kPolicy = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(gmem_src), "r"(src_bytes), "l"(kPolicy));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+                 "r"(src_bytes));
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -216,9 +220,9 @@ __device__ __forceinline__ auto copy_partition(SmemTensor& sX, int tid) {
 // Fills the smem tile sX (kRows x kHeadDim) from base + row_off(r) + column; zero-fills rows
 // whose offset is kNoRow and columns >= head_dim. The smem side is partitioned by CuTe (static
 // per-thread offsets into the swizzled layout); the global side is one offset per row.
-template <class Traits, int kRows, class SmemTensor, class RowOff>
+template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor, class RowOff>
 __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
-                                          int head_dim, int tid, uint64_t policy, RowOff row_off) {
+                                          int head_dim, int tid, RowOff row_off) {
   if (tid >= Traits::kGmemThreads) return;
   auto part = copy_partition<Traits, kRows>(sX, tid);
   auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
@@ -230,7 +234,7 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int col = get<1>(tXcX(0, m, k));
       const bool valid = off != kNoRow && col < head_dim;
-      cp_async_16(&tXsX(0, m, k), valid ? base + off + col : base, valid, policy);
+      cp_async_16<kHint>(&tXsX(0, m, k), valid ? base + off + col : base, valid);
     }
   }
 }
@@ -241,11 +245,11 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
 // predicate, an address add and the copy (the per-row offsets of load_tile cost ~15 integer
 // instructions per copy, a third of a one-tile decode CTA's instructions: docs/PERF.md,
 // session 4 run 7).
-template <class Traits, int kRows, class SmemTensor>
+template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor>
 __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename Traits::Element* base,
                                                   const typename Traits::Element* first_row,
                                                   int64_t row_stride, int rows_valid, int head_dim,
-                                                  int tid, uint64_t policy) {
+                                                  int tid) {
   if (tid >= Traits::kGmemThreads) return;
   auto part = copy_partition<Traits, kRows>(sX, tid);
   auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
@@ -261,7 +265,7 @@ __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int dcol = get<1>(tXcX(0, m, k)) - col;  // a constant of the partition
       const bool valid = row_ok && col + dcol < head_dim;
-      cp_async_16(&tXsX(0, m, k), valid ? src + drow * row_stride + dcol : base, valid, policy);
+      cp_async_16<kHint>(&tXsX(0, m, k), valid ? src + drow * row_stride + dcol : base, valid);
     }
   }
 }
@@ -270,32 +274,40 @@ template <class Traits, class SmemTensor>
 __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off, SmemTensor& sQ,
                                        int tid) {
   load_tile<Traits, Traits::kBlockM>(sQ, static_cast<const typename Traits::Element*>(p.q),
-                                     p.head_dim, tid, l2_policy(false), [&](int r) { return q_off[r]; });
+                                     p.head_dim, tid, [&](int r) { return q_off[r]; });
 }
 
-// K (kIsV false) or V tile n. Paged K/V reads the per-row offset table; contiguous K/V walks its
-// rows from one rules.h offset, since there kv_row_offset(j) = kv_row_offset(j0) + (j - j0) *
-// row_stride (measured: +7% at d = 128 over reading the table for contiguous K/V).
-template <class Traits, bool kIsV, class SmemTensor>
-__device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
-                                        const KvRowOffsets* kv_off, int n, SmemTensor& sX,
-                                        int tid) {
+// K (kIsV false) or V tile n, with the L2 hint kHint. Paged K/V reads the per-row offset table;
+// contiguous K/V walks its rows from one rules.h offset, since there kv_row_offset(j) =
+// kv_row_offset(j0) + (j - j0) * row_stride (measured: +7% at d = 128 over reading the table for
+// contiguous K/V).
+template <class Traits, bool kIsV, L2Hint kHint, class SmemTensor>
+__device__ __forceinline__ void load_kv_hinted(const AttnParams& p, const CtaInfo& c,
+                                               const KvRowOffsets* kv_off, int n, SmemTensor& sX,
+                                               int tid) {
   using Element = typename Traits::Element;
   const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
-  // Only the decode tile's kernel hints K/V (the others re-read K/V across query tiles).
-  const uint64_t policy = l2_policy(Traits::kBlockM == kQueryTileRowsDecode && p.kv_evict_first);
   if (!reads_page_table<Traits>(p)) {
     const int j0 = n * Traits::kBlockN;
     const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
     const int64_t row0 = kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
                                        row_stride, kIsV ? p.v_head_stride : p.k_head_stride, c.hk);
-    load_strided_rows<Traits, Traits::kBlockN>(sX, base, base + row0, row_stride, c.seq.seqlen_k - j0,
-                                               p.head_dim, tid, policy);
+    load_strided_rows<Traits, Traits::kBlockN, kHint>(sX, base, base + row0, row_stride,
+                                                      c.seq.seqlen_k - j0, p.head_dim, tid);
   } else {
-    load_tile<Traits, Traits::kBlockN>(sX, base, p.head_dim, tid, policy, [&](int r) {
+    load_tile<Traits, Traits::kBlockN, kHint>(sX, base, p.head_dim, tid, [&](int r) {
       return kIsV ? kv_off[r].v : kv_off[r].k;
     });
   }
+}
+
+// K or V tile n, evict-first in the kernels that ask for it (Traits::kKvEvictFirst).
+template <class Traits, bool kIsV, class SmemTensor>
+__device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
+                                        const KvRowOffsets* kv_off, int n, SmemTensor& sX,
+                                        int tid) {
+  constexpr L2Hint kHint = Traits::kKvEvictFirst ? L2Hint::evict_first : L2Hint::none;
+  load_kv_hinted<Traits, kIsV, kHint>(p, c, kv_off, n, sX, tid);
 }
 
 // ---- per-CTA setup and per-tile steps shared by both kernels ----------------------------

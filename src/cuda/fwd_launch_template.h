@@ -28,14 +28,6 @@ inline bool launch_heavy_tiles_first(const AttnParams& p, int64_t m_blocks) {
   }
 }
 
-// The evict-first hint of rules.h kv_evict_first, unless FLASHATTN_L2_HINT=off.
-inline void set_l2_hints(AttnParams& p, int64_t m_blocks) {
-  const int64_t kv_bytes = int64_t(p.batch) * p.seqlen_k * p.num_heads_k * p.head_dim * 2 * int64_t(dtype_size(p.dtype));
-  p.kv_evict_first = !l2_hint_disabled() &&
-                     kv_evict_first(m_blocks, p.pack_gqa ? 1 : p.num_heads / p.num_heads_k, kv_bytes,
-                                    l2_cache_bytes(p.device_index));
-}
-
 // Launches kernel (fwd_kernel, splitkeys_kernel or wgmma_kernel, instantiated for Traits) over
 // the grid (query tiles, splits, batch x heads), or (batch x heads, splits, query tiles) with
 // the query tiles heaviest first (AttnParams::heavy_tiles_first).
@@ -58,7 +50,6 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   AttnParams kp = p;
   kp.heavy_tiles_first = Traits::kBlockM != kQueryTileRowsDecode && m_blocks <= kMaxGridYZ &&
                          launch_heavy_tiles_first(p, m_blocks);
-  set_l2_hints(kp, m_blocks);
   const int64_t grid_z = kp.heavy_tiles_first ? m_blocks : ctas_z;  // heavy first: <= kMaxGridYZ
   if (grid_z > kMaxGridYZ || p.num_splits > kMaxGridYZ) {
     throw Error(Error::Kind::unsupported,

@@ -120,6 +120,8 @@ struct TileTraitsBase {
   // Whether the kernel may read a paged K/V cache (p.block_table); a kernel compiled for
   // contiguous K/V only drops the page-table code (SplitKeysTileConfig's deep pipeline).
   static constexpr bool kPagedKv = true;
+  // Whether the K/V copies ask the L2 to evict their lines first (SplitKeysTraits).
+  static constexpr bool kKvEvictFirst = false;
 };
 
 template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
@@ -186,6 +188,13 @@ struct SplitKeysTraits
   static constexpr int kStages = Config::kStages;
   static constexpr bool kPagedKv = Config::kPagedKv;
   static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
+  // The split-dims kernels copy K/V evict-first, so that their lines replace each other rather
+  // than other data in the L2: measured (docs/PERF.md, session 5 runs 2-4), decode calls whose
+  // K/V fit the L2 gained 2-6% (batch 1 x 1k, 8 x 1k) and calls streaming ten times the L2 lost
+  // 3-6%; a split-dims call walks at most rules.h kSplitDimsMaxTiles tiles per CTA (~4 x 64
+  // keys over a few waves of CTAs: about the L2's size). The other kernels copy plainly. (The
+  // same hint on the Q copies of unsplit prefill measured nothing.)
+  static constexpr bool kKvEvictFirst = kWarpsSplitDims;
   // Each warp's keys of a K/V tile and columns of O.
   static constexpr int kKeysPerWarp = kWarpsSplitDims ? kBlockN : kBlockN / kNWarps;
   static constexpr int kDimsPerWarp = kWarpsSplitDims ? kHeadDim / kNWarps : kHeadDim;

@@ -40,12 +40,6 @@ WgmmaTileEnv wgmma_tile_env();
 enum class TileOrderEnv { automatic, per_unit, heavy_first };
 TileOrderEnv tile_order_env();
 
-// The device's L2 size in bytes (cached per device).
-int64_t l2_cache_bytes(int device_index);
-
-// FLASHATTN_L2_HINT=off turns off the evict-first hint of rules.h kv_evict_first (for timing).
-bool l2_hint_disabled();
-
 // Throws flashattn::Error(runtime) naming the call and the CUDA error.
 void check_cuda(cudaError_t err, const char* what);
 void check_launch(const char* kernel_name);

@@ -122,21 +122,6 @@ TEST(TileOrderRule, HeavyFirstWhereWalksGrowWithTheRows) {
 
 namespace {
 
-// rules.h kv_evict_first (CUDA L2 hint): evict-first only for K/V that one CTA alone reads, and
-// only where the call's K/V fits the L2.
-TEST(L2HintRule, EvictFirstOnlyForKvOneCtaReadsThatFitsTheL2) {
-  constexpr int64_t kL2 = 50 << 20;
-  constexpr int64_t kBatch8x1k = int64_t(8) * 1024 * 8 * 128 * 2 * 2;  // 32 MiB of K and V
-  EXPECT_TRUE(flashattn::kv_evict_first(1, 1, kBatch8x1k, kL2));      // decode, packed GQA
-  EXPECT_FALSE(flashattn::kv_evict_first(1, 1, 16 * kBatch8x1k, kL2)); // batch 8 x 16k: streams
-  EXPECT_FALSE(flashattn::kv_evict_first(4, 1, kBatch8x1k, kL2));     // 4 query tiles share K/V
-  EXPECT_FALSE(flashattn::kv_evict_first(1, 4, kBatch8x1k, kL2));     // 4 query heads share a KV head
-}
-
-}  // namespace
-
-namespace {
-
 // rules.h decode_warps_split_dims: the warps of a split decode tile split the head dim only for
 // split walks of at most kSplitDimsMaxTiles key tiles.
 TEST(SplitDimsRule, ShortSplitWalksOnly) {
