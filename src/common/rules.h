@@ -185,8 +185,9 @@ inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_t
 // CUDA: the warps of a split decode tile split the head dim instead of the keys (kernel_traits.h
 // SplitKeysTileConfig::kWarpsSplitDims) where each split walks at most this many key tiles:
 // the merge it saves is a large share of a short walk, while the 4x Q K^T work it costs shows
-// on long ones. Measured on the deep pipeline (docs/PERF.md, session 5 run 4): 1 and 4 tiles
-// per split (batch 1 x 1k, 1 x 4k) 0.5-0.6 us faster, 16 tiles (1 x 16k) 2 us slower.
+// on long ones. Measured (docs/PERF.md, session 5 runs 4-5), against cuDNN's time: batch 1 x 1k
+// (1 tile per split) 0.90 -> 0.97, 1 x 4k (4 tiles) 0.99 -> 1.06, 8 x 1k (4 tiles, default
+// pipeline) 0.93 -> 0.98; 1 x 16k (16 tiles) 0.96 -> 0.91, so it keeps the keys split.
 constexpr int kSplitDimsMaxTiles = 4;
 inline bool decode_warps_split_dims(int num_splits, int64_t key_tiles) {
   if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
