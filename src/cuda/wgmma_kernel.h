@@ -216,12 +216,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
   const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
   Tensor sO = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
-  // O staged in Q's buffer two adjacent columns at a time (one 32-bit shared store: the swizzle
-  // moves whole 16-byte chunks, so columns 2k and 2k+1 stay adjacent), addressed from the
-  // shared array itself so that they compile to shared stores (through the CuTe tensor they
+  // O staged in Q's buffer two adjacent columns at a time: one 32-bit shared store (the swizzle
+  // moves whole 16-byte chunks, so columns 2k and 2k+1 stay adjacent) at the address the CuTe
+  // tensor gives (its swizzle acts on the address bits). Written through the tensor, these
   // were element-wise generic stores: 388 of a d = 64 s = 512 CTA's 4,726 instructions per
-  // warp, docs/PERF.md session 5 run 10).
-  const auto o_layout = sO.layout();
+  // warp (docs/PERF.md, session 5 run 10).
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const float sum = quad_allreduce_sum(row_sum[i]);
@@ -232,7 +231,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
       cutlass::Array<Element, 2> pair;
       pair[0] = static_cast<Element>(o_rc(i, d) * inv);
       pair[1] = static_cast<Element>(o_rc(i, d + 1) * inv);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(smem_q + o_layout(r, get<1>(tOcO_rc(i, d)))) = pair;
+      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(&sO(r, get<1>(tOcO_rc(i, d)))));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(reinterpret_cast<const uint32_t&>(pair))
+                   : "memory");
     }
     if (p.lse != nullptr && owns_row_lse && c.m0 + r < c.rows) {
       const PackedRow pr = tile_row_query(p, c, c.m0 + r);
