@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
+from decode_ncu import run_in_profiler_range  # bench/decode_ncu.py (this script's folder is on sys.path)
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -30,14 +31,7 @@ def main():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         calls += [ours, flash]
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    run_in_profiler_range(calls)
 
 
 if __name__ == "__main__":
