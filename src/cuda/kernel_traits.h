@@ -169,10 +169,10 @@ struct SplitKeysTileConfig {
   // reads, it keeps the registers and instructions those cost out of its short walks.
   static constexpr bool kPagedKv = !kDeep;
   // kSplitDims: the warps split the head dim instead of the keys, at d = 64 and 128 (16 and 32
-  // columns of O per warp; d = 192's 48 do not tile the swizzled V layout): every warp computes the tile's whole S (4x the Q K^T tensor
-  // work, which short walks can afford: rules.h decode_warps_split_dims) and its own columns
-  // of O, so the warps need no merge at the end (three barriers and ~200 instructions of a
-  // one-tile CTA's ~1,400, docs/PERF.md session 5).
+  // columns of O per warp; d = 192's 48 do not tile the swizzled V layout). Every warp computes
+  // the tile's whole S (4x the Q K^T tensor work, which short walks can afford: rules.h
+  // decode_warps_split_dims) and its own columns of O, so the warps need no merge at the end
+  // (three barriers and ~200 instructions of a one-tile CTA's ~1,400, docs/PERF.md session 5).
   static constexpr bool kWarpsSplitDims = kSplitDims && (kHeadDim == 64 || kHeadDim == 128);
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
 };
