@@ -188,9 +188,12 @@ inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_t
 // on long ones. Measured (docs/PERF.md, session 5 runs 4-5), against cuDNN's time: batch 1 x 1k
 // (1 tile per split) 0.90 -> 0.97, 1 x 4k (4 tiles) 0.99 -> 1.06, 8 x 1k (4 tiles, default
 // pipeline) 0.93 -> 0.98; 1 x 16k (16 tiles) 0.96 -> 0.91, so it keeps the keys split.
+// Tiles are counted as make_plan counts them, in splitkv_block_n(head_dim)-key units.
 constexpr int kSplitDimsMaxTiles = 4;
-inline bool decode_warps_split_dims(int num_splits, int64_t key_tiles) {
+inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) {
   if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
+  const int unit = splitkv_block_n(head_dim);
+  const int64_t key_tiles = seqlen_k > 0 ? (int64_t(seqlen_k) + unit - 1) / unit : 1;
   const int64_t tiles_per_split = (key_tiles + num_splits - 1) / num_splits;
   return tiles_per_split <= kSplitDimsMaxTiles;
 }

@@ -54,15 +54,19 @@ __device__ __forceinline__ float row_lse(const float (&lse_lane)[kLseSlots]) {
   return sum > 0.0f ? m + logf(sum) : -INFINITY;
 }
 
+// The partials and their LSE are read with ld.global.cg, never __ldg: the compiler may move a
+// read-only (.nc, invariant) load above griddepcontrol.wait, and did once the wait came after the
+// row's geometry, reading partials before the attention grid had written them (session 6, run 1:
+// 44 GPU cases failed).
 template <int kVec>
 struct Chunk {
   float v[kVec];
   __device__ __forceinline__ void load(const float* src) {
     if constexpr (kVec == 4) {
-      const float4 x = __ldg(reinterpret_cast<const float4*>(src));
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
       v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
     } else {
-      v[0] = __ldg(src);
+      v[0] = __ldcg(src);
     }
   }
 };
@@ -70,18 +74,19 @@ struct Chunk {
 template <typename Element, int kVec>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
   __shared__ float column_sums[kWarps][kMaxHeadDim];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the attention kernel (launch_combine): wait here
-  // until that grid has finished and its partials are visible.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   // blockIdx.x enumerates (b, head, i) with i fastest.
   const int64_t row = blockIdx.x;
   const int i = int(row % p.seqlen_q);
   const int head = int((row / p.seqlen_q) % p.num_heads);
   const int b = int(row / (int64_t(p.seqlen_q) * p.num_heads));
-  const SeqInfo s = seq_info(p, b);
+  const SeqInfo s = seq_info(p, b);  // sequence lengths: inputs, which the attention grid does not write
   if (i >= s.seqlen_q) return;  // varlen padding row: not ours to write (whole block exits)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the attention kernel (launch_combine): the row's
+  // geometry above overlaps that grid; wait here until it has finished and its partials are
+  // visible.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
   #pragma unroll
   for (int j = 0; j < kLseSlots; ++j) {
     const int split = lane + j * kWarpSize;
-    lse_lane[j] = split < splits ? __ldg(lse_of + split * split_rows) : -INFINITY;
+    lse_lane[j] = split < splits ? __ldcg(lse_of + split * split_rows) : -INFINITY;
   }
 
   const int chunks = p.head_dim / kVec;  // kVec = 4 only when head_dim % 4 == 0
@@ -117,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
       #pragma unroll
       for (int u = 0; u < kBatch; ++u) {  // loads first: they do not wait for the row's lse
         const int split = first + u * kWarps;
-        lse_split[u] = split < splits ? __ldg(lse_of + split * split_rows) : -INFINITY;
+        lse_split[u] = split < splits ? __ldcg(lse_of + split * split_rows) : -INFINITY;
         if (split < splits && active) part[u].load(partial_of + split * split_rows * p.head_dim + col);
       }
       ensure_lse();

@@ -42,10 +42,10 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 // session 5 run 6).
 enum class L2Hint { none, evict_first };
 
-// 16-byte global->shared async copy; src_bytes 0 zero-fills the destination without reading.
+// 16-byte global->shared async copy to the shared-window address dst; src_bytes 0 zero-fills
+// the destination without reading.
 template <L2Hint kHint = L2Hint::none>
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* gmem_src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   if constexpr (kHint == L2Hint::evict_first) {
     constexpr uint64_t kPolicy = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);
@@ -55,6 +55,20 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
                  "r"(src_bytes));
   }
+}
+template <L2Hint kHint = L2Hint::none>
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  cp_async_16_to<kHint>(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, valid);
+}
+// Lets the grid launched after this one as a programmatic dependent (the split-KV combine,
+// combine.cu) be scheduled now: its blocks wait in griddepcontrol.wait until this grid has
+// finished and its writes are visible, so the trigger can come first. Issued at the start, the
+// combine's blocks are resident before the last attention CTA ends, which takes their launch
+// off a small decode call's critical path (docs/PERF.md, session 6).
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -277,15 +291,16 @@ __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off
                                      p.head_dim, tid, [&](int r) { return q_off[r]; });
 }
 
-// K (kIsV false) or V tile n, with the L2 hint kHint. Paged K/V reads the per-row offset table;
-// contiguous K/V walks its rows from one rules.h offset, since there kv_row_offset(j) =
-// kv_row_offset(j0) + (j - j0) * row_stride (measured: +7% at d = 128 over reading the table for
-// contiguous K/V).
-template <class Traits, bool kIsV, L2Hint kHint, class SmemTensor>
-__device__ __forceinline__ void load_kv_hinted(const AttnParams& p, const CtaInfo& c,
-                                               const KvRowOffsets* kv_off, int n, SmemTensor& sX,
-                                               int tid) {
+// K (kIsV false) or V tile n, evict-first in the kernels that ask for it (Traits::
+// kKvEvictFirst). Paged K/V reads the per-row offset table; contiguous K/V walks its rows from
+// one rules.h offset, since there kv_row_offset(j) = kv_row_offset(j0) + (j - j0) * row_stride
+// (measured: +7% at d = 128 over reading the table for contiguous K/V).
+template <class Traits, bool kIsV, class SmemTensor>
+__device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
+                                        const KvRowOffsets* kv_off, int n, SmemTensor& sX,
+                                        int tid) {
   using Element = typename Traits::Element;
+  constexpr L2Hint kHint = Traits::kKvEvictFirst ? L2Hint::evict_first : L2Hint::none;
   const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
   if (!reads_page_table<Traits>(p)) {
     const int j0 = n * Traits::kBlockN;
@@ -299,15 +314,6 @@ __device__ __forceinline__ void load_kv_hinted(const AttnParams& p, const CtaInf
       return kIsV ? kv_off[r].v : kv_off[r].k;
     });
   }
-}
-
-// K or V tile n, evict-first in the kernels that ask for it (Traits::kKvEvictFirst).
-template <class Traits, bool kIsV, class SmemTensor>
-__device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
-                                        const KvRowOffsets* kv_off, int n, SmemTensor& sX,
-                                        int tid) {
-  constexpr L2Hint kHint = Traits::kKvEvictFirst ? L2Hint::evict_first : L2Hint::none;
-  load_kv_hinted<Traits, kIsV, kHint>(p, c, kv_off, n, sX, tid);
 }
 
 // ---- per-CTA setup and per-tile steps shared by both kernels ----------------------------
@@ -571,6 +577,7 @@ struct KvStages {
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ AttnParams p) {
+  allow_dependent_launch();
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -690,10 +697,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   }
 
   // ---- epilogue: normalise, LSE, store
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The combine kernel (split-KV) may start launching; it waits for this grid to finish.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with sQ/sK/sV; sQ becomes the O staging buffer
 

@@ -101,8 +101,8 @@ template <typename Element, int kHeadDim, bool kDeep>
 void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char* name) {
   using DimsSplit = SplitKeysTraits<Element, kHeadDim, kDeep, true>;
   if constexpr (DimsSplit::kWarpsSplitDims) {
-    const int64_t key_tiles = (int64_t(params.seqlen_k) + DimsSplit::kBlockN - 1) / DimsSplit::kBlockN;
-    if (decode_warps_split_dims(params.num_splits, key_tiles)) {
+    static_assert(DimsSplit::kBlockN == (kHeadDim <= 32 ? 128 : 64), "rules.h splitkv_block_n counts its tiles");
+    if (decode_warps_split_dims(params.num_splits, params.seqlen_k, params.head_dim)) {
       launch_fwd<DimsSplit>(params, stream, &fwd::splitkeys_kernel<DimsSplit>, name);
       return;
     }

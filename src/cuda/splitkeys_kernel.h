@@ -63,13 +63,124 @@ __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const Ct
   }
 }
 
+// The end of a CTA whose warps split the keys: per row the max M and sum L over the warps,
+// O = sum_w O_w e^(m_w - M) / L, merged through shared memory (merge_o laid over the K/V
+// buffers, which every warp is done with); then O (or the split's fp32 partials) with 16-byte
+// stores, and LSE.
+template <class Traits, class AccO, int kRows>
+__device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const CtaInfo& c, int split,
+                                                      AccO& acc_o, const float (&row_max)[kRows],
+                                                      const float (&row_sum)[kRows], const ScoreScale& sc,
+                                                      float* merge_max, float* merge_sum,
+                                                      float* merge_o,  // [kNWarps][16][kRowFloats]
+                                                      const int64_t* o_off, int tid) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kNWarps = Traits::kNWarps;
+  const int warp = tid / 32;
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid % 32);
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tOcO = thr_mma.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, d)
+  const bool owns_row_stat = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = quad_allreduce_sum(row_sum[i]);
+    if (owns_row_stat) {
+      const int r = get<0>(tOcO_rc(i, 0));
+      merge_max[warp * kBlockM + r] = row_max[i];
+      merge_sum[warp * kBlockM + r] = sum;
+    }
+  }
+  __syncthreads();
+
+  // The merged (M, L) of row r: warps that saw no key (max -inf) contribute nothing.
+  struct RowStat {
+    float max, sum;
+  };
+  auto merged_row = [&](int r) {
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) m = fmaxf(m, merge_max[w * kBlockM + r]);
+    float l = 0.0f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) {
+      const float mw = merge_max[w * kBlockM + r];
+      if (mw != -INFINITY) l += merge_sum[w * kBlockM + r] * exp2f((mw - m) * sc.scale_log2);
+    }
+    return RowStat{m, l};
+  };
+
+  constexpr int kRowFloats = Traits::kMergeRowFloats;
+  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const int r = get<0>(tOcO_rc(i, 0));
+    const RowStat row = merged_row(r);
+    const float factor = (row_max[i] == -INFINITY || row.sum <= 0.0f)
+                             ? 0.0f
+                             : exp2f((row_max[i] - row.max) * sc.scale_log2) / row.sum;
+    float* dst = merge_o + (warp * kBlockM + r) * kRowFloats;
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); d += 2) {
+      const int col = get<1>(tOcO_rc(i, d));
+      *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
+    }
+  }
+  __syncthreads();
+
+  // ---- store: each thread sums 8 columns of one row over the warps (a 16-byte output chunk)
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int idx = tid; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
+    const int r = idx / kChunksPerRow;
+    const int col = (idx % kChunksPerRow) * 8;
+    if (c.m0 + r >= c.rows || col >= p.head_dim) continue;
+    float acc[8];
+    CUTE_UNROLL
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) {
+      const float* src = merge_o + (w * kBlockM + r) * kRowFloats + col;
+      const float4 lo = *reinterpret_cast<const float4*>(src);
+      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+      acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+    }
+    if (p.num_splits > 1) {
+      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+      float* dst = p.o_accum + accum_row(p, split, c.b, pr.head, pr.query) * p.head_dim + col;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+      cutlass::Array<Element, 8> out;
+      CUTE_UNROLL
+      for (int e = 0; e < 8; ++e) out[e] = static_cast<Element>(acc[e]);
+      *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.o) + o_off[r] + col) = out;
+    }
+  }
+  // LSE of each row (the merged max in raw units times raw_scale, plus log L).
+  if (tid < kBlockM && c.m0 + tid < c.rows) {
+    const int r = tid;
+    const RowStat row = merged_row(r);
+    const float lse = row.sum > 0.0f ? row.max * sc.raw_scale + logf(row.sum) : -INFINITY;
+    const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+    if (p.num_splits > 1) {
+      p.lse_accum[accum_row(p, split, c.b, pr.head, pr.query)] = lse;
+    } else if (p.lse != nullptr) {
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
+    }
+  }
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     splitkeys_kernel(const __grid_constant__ AttnParams p) {
+  allow_dependent_launch();
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
   constexpr int kNWarps = Traits::kNWarps;
   constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
@@ -185,110 +296,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     kv.store_offsets(p, c, tiles, n - kStages, tid, page_ahead);  // into tile n's table (issued)
   }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The combine kernel (split-KV) may start launching; it waits for this grid to finish.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
 
   cp_async_wait<0>();
   if constexpr (kSplitDims) {
     store_warp_columns<Traits>(p, c, split, acc_o, row_max, row_sum, sc, warp, lane);
-    return;
-  }
-
-  // ---- merge the warps: per row the max M and sum L over warps, O = sum_w O_w e^(m_w - M) / L
-  __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
-  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
-  Tensor tOcO = thr_mma.partition_C(cO);
-  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, d)
-  const bool owns_row_stat = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
-    if (owns_row_stat) {
-      const int r = get<0>(tOcO_rc(i, 0));
-      merge_max[warp * kBlockM + r] = row_max[i];
-      merge_sum[warp * kBlockM + r] = sum;
-    }
-  }
-  __syncthreads();
-
-  // The merged (M, L) of row r: warps that saw no key (max -inf) contribute nothing.
-  struct RowStat {
-    float max, sum;
-  };
-  auto merged_row = [&](int r) {
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) m = fmaxf(m, merge_max[w * kBlockM + r]);
-    float l = 0.0f;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) {
-      const float mw = merge_max[w * kBlockM + r];
-      if (mw != -INFINITY) l += merge_sum[w * kBlockM + r] * exp2f((mw - m) * sc.scale_log2);
-    }
-    return RowStat{m, l};
-  };
-
-  constexpr int kRowFloats = Traits::kMergeRowFloats;
-  float* merge_o = reinterpret_cast<float*>(smem_k);  // [kNWarps][16][kRowFloats]
-  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    const int r = get<0>(tOcO_rc(i, 0));
-    const RowStat row = merged_row(r);
-    const float factor = (row_max[i] == -INFINITY || row.sum <= 0.0f)
-                             ? 0.0f
-                             : exp2f((row_max[i] - row.max) * sc.scale_log2) / row.sum;
-    float* dst = merge_o + (warp * kBlockM + r) * kRowFloats;
-    CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); d += 2) {
-      const int col = get<1>(tOcO_rc(i, d));
-      *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
-    }
-  }
-  __syncthreads();
-
-  // ---- store: each thread sums 8 columns of one row over the warps (a 16-byte output chunk)
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  for (int idx = tid; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
-    const int r = idx / kChunksPerRow;
-    const int col = (idx % kChunksPerRow) * 8;
-    if (c.m0 + r >= c.rows || col >= p.head_dim) continue;
-    float acc[8];
-    CUTE_UNROLL
-    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) {
-      const float* src = merge_o + (w * kBlockM + r) * kRowFloats + col;
-      const float4 lo = *reinterpret_cast<const float4*>(src);
-      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-      acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
-      acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
-    }
-    if (p.num_splits > 1) {
-      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-      float* dst = p.o_accum + accum_row(p, split, c.b, pr.head, pr.query) * p.head_dim + col;
-      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    } else {
-      cutlass::Array<Element, 8> out;
-      CUTE_UNROLL
-      for (int e = 0; e < 8; ++e) out[e] = static_cast<Element>(acc[e]);
-      *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.o) + o_off[r] + col) = out;
-    }
-  }
-  // LSE of each row (the merged max in raw units times raw_scale, plus log L).
-  if (tid < kBlockM && c.m0 + tid < c.rows) {
-    const int r = tid;
-    const RowStat row = merged_row(r);
-    const float lse = row.sum > 0.0f ? row.max * sc.raw_scale + logf(row.sum) : -INFINITY;
-    const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-    if (p.num_splits > 1) {
-      p.lse_accum[accum_row(p, split, c.b, pr.head, pr.query)] = lse;
-    } else if (p.lse != nullptr) {
-      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
-    }
+  } else {
+    __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
+    merge_warps_and_store<Traits>(p, c, split, acc_o, row_max, row_sum, sc, merge_max, merge_sum,
+                                  reinterpret_cast<float*>(smem_k), o_off, tid);
   }
 }
 

@@ -125,12 +125,16 @@ namespace {
 // rules.h decode_warps_split_dims: the warps of a split decode tile split the head dim only for
 // split walks of at most kSplitDimsMaxTiles key tiles.
 TEST(SplitDimsRule, ShortSplitWalksOnly) {
-  EXPECT_TRUE(flashattn::decode_warps_split_dims(16, 16));    // batch 1 x 1k: one tile per split
-  EXPECT_TRUE(flashattn::decode_warps_split_dims(16, 64));    // batch 1 x 4k: four tiles
-  EXPECT_FALSE(flashattn::decode_warps_split_dims(16, 256));  // batch 1 x 16k: sixteen tiles
-  EXPECT_FALSE(flashattn::decode_warps_split_dims(1, 1));     // unsplit: the merge path writes O
-  EXPECT_TRUE(flashattn::decode_warps_split_dims(4, 13));     // 4 tiles per split, the last 1
-  EXPECT_FALSE(flashattn::decode_warps_split_dims(4, 17));    // 5 tiles per split
+  using flashattn::decode_warps_split_dims;
+  EXPECT_TRUE(decode_warps_split_dims(16, 1024, 128));    // batch 1 x 1k: one tile per split
+  EXPECT_TRUE(decode_warps_split_dims(16, 4096, 128));    // batch 1 x 4k: four tiles
+  EXPECT_FALSE(decode_warps_split_dims(16, 16384, 128));  // batch 1 x 16k: sixteen tiles
+  EXPECT_FALSE(decode_warps_split_dims(1, 64, 128));      // unsplit: the merge path writes O
+  EXPECT_TRUE(decode_warps_split_dims(4, 13 * 64, 128));  // 4 tiles per split, the last 1
+  EXPECT_FALSE(decode_warps_split_dims(4, 17 * 64, 128)); // 5 tiles per split
+  EXPECT_TRUE(decode_warps_split_dims(4, 4 * 4 * 128, 32));   // d = 32: 128-key tiles, 4 per split
+  EXPECT_FALSE(decode_warps_split_dims(4, 4 * 4 * 128 + 1, 32));
+  EXPECT_TRUE(decode_warps_split_dims(4, 0, 128));        // empty cache: one (masked) tile
 }
 
 }  // namespace
