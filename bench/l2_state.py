@@ -7,6 +7,9 @@ buffer ("clean": the L2 is as cold for K/V, but holds clean lines), both as medi
 timings of single calls.
 
     python3 bench/l2_state.py --points 8x16384 32x4096 128x1024 1x1024 8x1024
+
+--splits 0 2 4 also times our call with those explicit split counts (0: the heuristic's, which
+prints as "ours"; FA2 and cuDNN are timed once per flush).
 """
 import argparse
 
@@ -40,6 +43,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", nargs="+", default=["8x16384", "32x4096", "128x1024", "1x1024", "8x1024"])
     ap.add_argument("--flushes", nargs="+", choices=["dirty", "clean"], default=["dirty", "clean"])
+    ap.add_argument("--splits", nargs="+", type=int, default=[0])
     args = ap.parse_args()
     warm_up_gpu()
     warm_up_timing()
@@ -53,20 +57,29 @@ def main():
         k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
         out = torch.empty_like(q)
-        ws = flashattn.allocate_workspace(flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens), like=q)
-        ours = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, out=out, workspace=ws)
+
+        def ours_with(splits):
+            plan = flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=splits)
+            ws = flashattn.allocate_workspace(plan, like=q)
+            return plan.num_splits, lambda: flashattn.flash_attn_with_kvcache(
+                q, k, v, cache_seqlens=seqlens, out=out, workspace=ws, num_splits=splits)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         nbytes = 2 * b * ctx * HK * D * 2
         for name, flush in flushes.items():
-            t_ours = median_us(ours, flush)
+            t_ours = median_us(ours_with(0)[1], flush)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 t_fa2 = median_us(sdpa, flush)
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 t_cudnn = median_us(sdpa, flush)
             print(f"{point:>10} {name:>6} {t_ours:8.1f} {t_fa2:8.1f} {t_cudnn:8.1f} "
                   f"{nbytes / t_ours / 1e6:9.2f} {nbytes / t_cudnn / 1e6:10.2f}", flush=True)
-        del q, k, v, out, ws
+            for splits in (s for s in args.splits if s > 0):
+                planned, call = ours_with(splits)
+                t = median_us(call, flush)
+                print(f"{point:>10} {name:>6} {t:8.1f}  ours with {planned} splits, {nbytes / t / 1e6:.2f} TB/s",
+                      flush=True)
+        del q, k, v, out
         torch.cuda.empty_cache()
 
 
