@@ -9,7 +9,8 @@ timings of single calls.
     python3 bench/l2_state.py --points 8x16384 32x4096 128x1024 1x1024 8x1024
 
 --splits 0 2 4 also times our call with those explicit split counts (0: the heuristic's, which
-prints as "ours"; FA2 and cuDNN are timed once per flush).
+prints as "ours"; FA2 and cuDNN are timed once per flush). --rounds N measures the list of points
+N times over, in turn (the spread between rounds is the run-to-run noise of one process).
 """
 import argparse
 
@@ -44,6 +45,7 @@ def main():
     ap.add_argument("--points", nargs="+", default=["8x16384", "32x4096", "128x1024", "1x1024", "8x1024"])
     ap.add_argument("--flushes", nargs="+", choices=["dirty", "clean"], default=["dirty", "clean"])
     ap.add_argument("--splits", nargs="+", type=int, default=[0])
+    ap.add_argument("--rounds", type=int, default=1, help="times each point is measured, in turn")
     args = ap.parse_args()
     warm_up_gpu()
     warm_up_timing()
@@ -51,7 +53,7 @@ def main():
     all_flushes = {"dirty": lambda: buf.zero_(), "clean": lambda: buf.sum()}
     flushes = {name: all_flushes[name] for name in args.flushes}
     print(f"{'point':>10} {'flush':>6} {'ours us':>8} {'FA2 us':>8} {'cuDNN us':>8} {'ours TB/s':>9} {'cuDNN TB/s':>10}")
-    for point in args.points:
+    for point in [p for _ in range(args.rounds) for p in args.points]:
         b, ctx = (int(x) for x in point.split("x"))
         q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
