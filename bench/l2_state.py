@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--flushes", nargs="+", choices=["dirty", "clean"], default=["dirty", "clean"])
     ap.add_argument("--splits", nargs="+", type=int, default=[0])
     ap.add_argument("--rounds", type=int, default=1, help="times each point is measured, in turn")
+    ap.add_argument("--page-size", type=int, default=0,
+                    help="our calls read the same K/V through a shuffled page table of this page size")
     args = ap.parse_args()
     warm_up_gpu()
     warm_up_timing()
@@ -59,12 +61,20 @@ def main():
         k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
         out = torch.empty_like(q)
+        kc, vc, paging = k, v, {}
+        if args.page_size:
+            pages = b * ctx // args.page_size
+            block_table = torch.randperm(pages, device="cuda").view(b, -1).to(torch.int32)
+            kc, vc = (torch.empty(pages, args.page_size, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            kc[block_table.flatten().long()] = k.reshape(pages, args.page_size, HK, D)
+            vc[block_table.flatten().long()] = v.reshape(pages, args.page_size, HK, D)
+            paging = dict(block_table=block_table)
 
         def ours_with(splits):
-            plan = flashattn.plan_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=splits)
+            plan = flashattn.plan_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=splits, **paging)
             ws = flashattn.allocate_workspace(plan, like=q)
             return plan.num_splits, lambda: flashattn.flash_attn_with_kvcache(
-                q, k, v, cache_seqlens=seqlens, out=out, workspace=ws, num_splits=splits)
+                q, kc, vc, cache_seqlens=seqlens, out=out, workspace=ws, num_splits=splits, **paging)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         nbytes = 2 * b * ctx * HK * D * 2
@@ -81,7 +91,7 @@ def main():
                 t = median_us(call, flush)
                 print(f"{point:>10} {name:>6} {t:8.1f}  ours with {planned} splits, {nbytes / t / 1e6:.2f} TB/s",
                       flush=True)
-        del q, k, v, out
+        del q, k, v, kc, vc, out
         torch.cuda.empty_cache()
 
 

@@ -284,6 +284,23 @@ __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename
   }
 }
 
+// Where a query tile's rows are equally spaced in Q, the first row's offset, the spacing and
+// the rows that exist from the first: unpacked rows are the queries m0, m0 + 1, ... of one head
+// (q_row_stride apart); packed rows of a one-query sequence (decode) are the heads
+// hk * g + m0, ... of that query (q_head_stride apart). Packed rows of longer sequences are not.
+struct StridedRows {
+  bool strided;
+  int64_t first, stride;
+  int rows;
+};
+__device__ __forceinline__ StridedRows q_tile_rows(const AttnParams& p, const CtaInfo& c) {
+  if (!p.pack_gqa) return {true, q_offset(p, c.seq, c.b, c.m0, c.head), p.q_row_stride, c.rows - c.m0};
+  if (c.seq.seqlen_q == 1) {
+    return {true, q_offset(p, c.seq, c.b, 0, c.hk * c.g + c.m0), p.q_head_stride, c.rows - c.m0};
+  }
+  return {false, 0, 0, 0};
+}
+
 template <class Traits, class SmemTensor>
 __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off, SmemTensor& sQ,
                                        int tid) {

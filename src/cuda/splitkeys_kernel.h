@@ -212,7 +212,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
 
   // ---- prologue: Q and the first kStages-1 tiles in flight; the offsets of those and of the
-  // tile the first iteration issues (their page-table reads together)
+  // tile the first iteration issues (their page-table reads together). Strided Q rows and
+  // contiguous K/V need no offset table, so their copies leave before the tables and the
+  // barrier: a one-tile CTA's chain starts with its memory latency rather than ending its
+  // setup first (Q's copies join the first tile's commit group either way).
+  const bool any_tile = tiles.hi > tiles.lo;
+  const StridedRows q_rows = q_tile_rows(p, c);
+  const Element* q_base = static_cast<const Element*>(p.q);
+  auto issue_q_and_first_tiles = [&] {
+    if (any_tile && q_rows.strided) {
+      load_strided_rows<Traits, kBlockM>(sQ, q_base, q_base + q_rows.first, q_rows.stride, q_rows.rows,
+                                         p.head_dim, tid);
+    } else if (any_tile) {
+      load_q<Traits>(p, q_off, sQ, tid);
+    }
+    for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
+  };
+  const bool copies_first = q_rows.strided && !reads_page_table<Traits>(p);
+  if (copies_first) issue_q_and_first_tiles();
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
   int first_pages[kStages];
   CUTE_UNROLL
@@ -220,9 +237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   CUTE_UNROLL
   for (int i = 0; i < kStages; ++i) kv.store_offsets(p, c, tiles, tiles.hi - 1 - i, tid, first_pages[i]);
   __syncthreads();
-  const bool any_tile = tiles.hi > tiles.lo;
-  if (any_tile) load_q<Traits>(p, q_off, sQ, tid);
-  for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
+  if (!copies_first) issue_q_and_first_tiles();
 
   // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
   typename Traits::TiledMma tiled_mma;
