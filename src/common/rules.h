@@ -159,7 +159,7 @@ FA_HD int query_tile_rows(const AttnParams& p) {
 // Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at
 // the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
 // A power of two (the CUDA kernel cuts splits with shifts).
-FA_HD int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
+FA_HD constexpr int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
 
 // CUDA sm_90, d = 64 prefill: the 96-key wgmma tile unless it pads the keys by over 5% more
 // than the 64-key tile does (512 keys: 576 against 512, measured 3% slower; 1024 keys and up:

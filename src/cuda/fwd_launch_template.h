@@ -101,7 +101,7 @@ template <typename Element, int kHeadDim, bool kDeep>
 void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char* name) {
   using DimsSplit = SplitKeysTraits<Element, kHeadDim, kDeep, true>;
   if constexpr (DimsSplit::kWarpsSplitDims) {
-    static_assert(DimsSplit::kBlockN == (kHeadDim <= 32 ? 128 : 64), "rules.h splitkv_block_n counts its tiles");
+    static_assert(DimsSplit::kBlockN == splitkv_block_n(kHeadDim), "rules.h splitkv_block_n counts its tiles");
     if (decode_warps_split_dims(params.num_splits, params.seqlen_k, params.head_dim)) {
       launch_fwd<DimsSplit>(params, stream, &fwd::splitkeys_kernel<DimsSplit>, name);
       return;
