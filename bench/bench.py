@@ -120,6 +120,19 @@ def bench_prefill(args):
     return rows
 
 
+def paged_kv(k, v, page):
+    """The contiguous cache k, v (b, ctx, hk, d) as a paged one with pages of `page` rows in
+    shuffled order: (k_cache, v_cache, block_table)."""
+    b, ctx, hk, d = k.shape
+    pages = b * ctx // page
+    block_table = torch.randperm(pages, device=k.device).view(b, -1).to(torch.int32)
+    slots = block_table.flatten().long()
+    kc, vc = (torch.empty(pages, page, hk, d, device=k.device, dtype=k.dtype) for _ in range(2))
+    kc[slots] = k.reshape(pages, page, hk, d)
+    vc[slots] = v.reshape(pages, page, hk, d)
+    return kc, vc, block_table
+
+
 def bench_decode(args):
     rows = []
     h, hk, d = 32, 8, 128
@@ -133,14 +146,7 @@ def bench_decode(args):
         kwargs = dict(cache_seqlens=seqlens)
         kc, vc = k, v
         if page:
-            pages_per_seq = ctx // page
-            perm = torch.randperm(b * pages_per_seq, device="cuda")
-            block_table = perm.view(b, pages_per_seq).to(torch.int32)
-            kc = torch.empty(b * pages_per_seq, page, hk, d, device="cuda", dtype=torch.bfloat16)
-            vc = torch.empty_like(kc)
-            kc[block_table.flatten().long()] = k.reshape(b * pages_per_seq, page, hk, d)
-            vc[block_table.flatten().long()] = v.reshape(b * pages_per_seq, page, hk, d)
-            kwargs["block_table"] = block_table
+            kc, vc, kwargs["block_table"] = paged_kv(k, v, page)
         fn = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, **kwargs)
         out = fn()
         err = float("nan")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
-from bench import warm_up_gpu, warm_up_timing  # bench/bench.py
+from bench import paged_kv, warm_up_gpu, warm_up_timing  # bench/bench.py
 
 H, HK, D = 32, 8, 128
 REPS = 200
@@ -63,11 +63,7 @@ def main():
         out = torch.empty_like(q)
         kc, vc, paging = k, v, {}
         if args.page_size:
-            pages = b * ctx // args.page_size
-            block_table = torch.randperm(pages, device="cuda").view(b, -1).to(torch.int32)
-            kc, vc = (torch.empty(pages, args.page_size, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            kc[block_table.flatten().long()] = k.reshape(pages, args.page_size, HK, D)
-            vc[block_table.flatten().long()] = v.reshape(pages, args.page_size, HK, D)
+            kc, vc, block_table = paged_kv(k, v, args.page_size)
             paging = dict(block_table=block_table)
 
         def ours_with(splits):

@@ -213,7 +213,6 @@ TileOrderEnv tile_order_env() {
   return forced;
 }
 
-
 bool supports(DType dtype, int head_dim) {
   return head_dim > 0 && smallest_compiled(dtype, head_dim) > 0;
 }

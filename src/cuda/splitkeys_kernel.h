@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const KvStages<Traits> kv{smem_k, smem_v, kv_off_buf};
   float* merge_max = reinterpret_cast<float*>(kv_off_buf + kStages * kBlockN);  // [kNWarps][16]
   float* merge_sum = merge_max + kNWarps * kBlockM;                             // [kNWarps][16]
-  // KvStages::issue, not ContiguousKvCopies: measured no faster here (docs/PERF.md, session 6
-  // run 3), and it adds spills to the 168-register kernels.
+  // KvStages::issue, not wgmma_kernel.h's ContiguousKvCopies: measured no faster here
+  // (docs/PERF.md, session 6 run 3), and it adds spills to the 168-register kernels.
   auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
 
   // ---- prologue: Q and the first kStages-1 tiles in flight; the offsets of those and of the
