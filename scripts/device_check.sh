@@ -8,6 +8,7 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check)
 #   overhead  host time against GPU time of small decode calls (bench/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
+#   probe     bench/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
 # Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: all stages.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-out}"
@@ -20,6 +21,7 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   cmake --install "build/$PRESET" --prefix "$CARRY/prefix" >/dev/null
   cp "build/$PRESET/tests/flashattn_tests_gpu" "$CARRY/"
+  nvcc -O3 -arch=sm_90a -std=c++17 -o "$CARRY/stream_probe" bench/stream_probe.cu
   strip "$CARRY/flashattn_tests_gpu" "$CARRY/prefix/bin/flashattn" 2>/dev/null || true
   du -sh "$CARRY"
   exit 0
@@ -82,6 +84,7 @@ stage_sanitize() {
     "--kvcache --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1 --rotary neox"
     "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
     "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128"
+    "--kvcache --paged --page-size 16 --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
   )
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do
@@ -92,6 +95,11 @@ stage_sanitize() {
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
   return $rc
+}
+
+stage_probe() {
+  "$CARRY/stream_probe" | tee "$OUT/stream-probe.log"
+  return "${PIPESTATUS[0]}"
 }
 
 # BENCH="prefill decode" (default) picks the tables; BENCH_ARGS adds bench.py options.

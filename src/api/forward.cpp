@@ -101,6 +101,7 @@ void set_paging(AttnParams& a, const Tensor& block_table, int page_size) {
   if (!block_table.defined()) return;
   a.block_table = ints(block_table);
   a.block_table_batch_stride = block_table.stride[0];
+  a.block_table_pages = int(block_table.shape[1]);
   a.page_size = page_size;
 }
 

@@ -52,6 +52,7 @@ struct AttnParams {
   const int* cu_seqlens_k = nullptr;    // (b + 1)
   const int* seqused_k = nullptr;       // (b): keys end (absolute position) of sequence b
   int seqused_k_added = 0;              // added to seqused_k[b] (kv-cache: s_new)
+  int block_table_pages = 0;            // max_pages of block_table (below; here it fills padding)
   const int* leftpad_k = nullptr;       // (b)
   const int* cache_batch_idx = nullptr; // (b)
   const int* block_table = nullptr;     // (b, max_pages)

@@ -219,6 +219,32 @@ __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
   return Traits::kPagedKv && p.block_table != nullptr;
 }
 
+// Paged K/V, decode: first thing in the CTA, prefetches into the L2 the page-table row of its
+// sequence, spread over the CTAs of that sequence (one 128-byte line per thread). A short
+// decode CTA reads its pages (KvStages::fetch_page) once the sequence's lengths are known, so
+// that read is a second dependent memory latency before its first K/V copy; prefetched
+// beside the lengths' read, it hits the L2 (measured 0.3-0.5 us per call at batch 1-8 x 1k;
+// issued after make_cta_info instead, nothing: docs/PERF.md, session 7 runs 3-4). The whole row is prefetched (which pages a CTA reads
+// depends on the lengths): 4 bytes per cache row, ~0.1% of the K/V bytes at page size 1.
+template <class Traits>
+__device__ __forceinline__ void prefetch_page_table_row(const AttnParams& p, int tid) {
+  if (!reads_page_table<Traits>(p)) return;
+  // The decode grid (make_cta_info): query tiles in x, splits in y, (batch, head) units in z.
+  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const int b = int(blockIdx.z / unsigned(heads));
+  const int ctas_of_b = int(gridDim.x * gridDim.y) * heads;
+  const int me = int((blockIdx.z - b * heads) * gridDim.y + blockIdx.y) * int(gridDim.x) + int(blockIdx.x);
+  const int* row = p.block_table + b * p.block_table_batch_stride;
+  constexpr int kPagesPerLine = 128 / sizeof(int);
+  // One more line than the row's length in lines, for a row that starts inside a line; each
+  // address clamped to the row's last page.
+  const int lines = p.block_table_pages / kPagesPerLine + 1;
+#pragma unroll 1
+  for (int line = me + tid * ctas_of_b; line < lines; line += Traits::kNThreads * ctas_of_b) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + min(line * kPagesPerLine, p.block_table_pages - 1)));
+  }
+}
+
 // ---- loads, one (row, 16-byte chunk) pair per cp.async --------------------------------------
 
 // This thread's share of a (kRows x kHeadDim) tile copy: its 16-byte smem chunks and their

@@ -178,6 +178,7 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     splitkeys_kernel(const __grid_constant__ AttnParams p) {
   allow_dependent_launch();
+  prefetch_page_table_row<Traits>(p, threadIdx.x);
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -215,21 +216,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // tile the first iteration issues (their page-table reads together). Strided Q rows and
   // contiguous K/V need no offset table, so their copies leave before the tables and the
   // barrier: a one-tile CTA's chain starts with its memory latency rather than ending its
-  // setup first (Q's copies join the first tile's commit group either way).
+  // setup first. Q's copies join the first tile's commit group either way, so Q goes first.
   const bool any_tile = tiles.hi > tiles.lo;
   const StridedRows q_rows = q_tile_rows(p, c);
   const Element* q_base = static_cast<const Element*>(p.q);
-  auto issue_q_and_first_tiles = [&] {
+  auto issue_q = [&] {
     if (any_tile && q_rows.strided) {
       load_strided_rows<Traits, kBlockM>(sQ, q_base, q_base + q_rows.first, q_rows.stride, q_rows.rows,
                                          p.head_dim, tid);
     } else if (any_tile) {
       load_q<Traits>(p, q_off, sQ, tid);
     }
+  };
+  auto issue_first_tiles = [&] {
     for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
   };
-  const bool copies_first = q_rows.strided && !reads_page_table<Traits>(p);
-  if (copies_first) issue_q_and_first_tiles();
+  const bool q_first = q_rows.strided;
+  const bool tiles_first = q_first && !reads_page_table<Traits>(p);
+  if (q_first) issue_q();
+  if (tiles_first) issue_first_tiles();
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
   int first_pages[kStages];
   CUTE_UNROLL
@@ -237,7 +242,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   CUTE_UNROLL
   for (int i = 0; i < kStages; ++i) kv.store_offsets(p, c, tiles, tiles.hi - 1 - i, tid, first_pages[i]);
   __syncthreads();
-  if (!copies_first) issue_q_and_first_tiles();
+  if (!q_first) issue_q();
+  if (!tiles_first) issue_first_tiles();
 
   // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
   typename Traits::TiledMma tiled_mma;

@@ -536,6 +536,9 @@ std::vector<KVCase> kvcache_paging_cases(Device device) {
     c.f = with_alibi(Features{}, Alibi::per_head);
     add(c);
   }
+  // The benchmark's batch 1 x 4k decode (h 32, hk 8, d 128): 32 split-dims CTAs per KV head
+  // paged, the deep pipeline on sm_90 contiguous.
+  add(decode(device, DType::bf16, 1, 32, 8, 128, 4096, 1));
   return v;
 }
 
