@@ -222,10 +222,11 @@ __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
 // Paged K/V, decode: first thing in the CTA, prefetches into the L2 the page-table row of its
 // sequence, spread over the CTAs of that sequence (one 128-byte line per thread). A short
 // decode CTA reads its pages (KvStages::fetch_page) once the sequence's lengths are known, so
-// that read is a second dependent memory latency before its first K/V copy; prefetched
-// beside the lengths' read, it hits the L2 (measured 0.3-0.5 us per call at batch 1-8 x 1k;
-// issued after make_cta_info instead, nothing: docs/PERF.md, session 7 runs 3-4). The whole row is prefetched (which pages a CTA reads
-// depends on the lengths): 4 bytes per cache row, ~0.1% of the K/V bytes at page size 1.
+// that read is a second dependent memory latency before its first K/V copy; prefetched beside
+// the lengths' read, it hits the L2 (measured: 0.3-0.5 us per call at batch 1-8 x 1k; issued
+// after make_cta_info instead, nothing; docs/PERF.md, session 7 runs 3-4). The whole row is
+// prefetched (which of its pages a CTA reads depends on the lengths): 4 bytes per cache row,
+// ~0.1% of the K/V bytes at page size 1.
 template <class Traits>
 __device__ __forceinline__ void prefetch_page_table_row(const AttnParams& p, int tid) {
   if (!reads_page_table<Traits>(p)) return;
