@@ -229,7 +229,7 @@ __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
 // ~0.1% of the K/V bytes at page size 1.
 template <class Traits>
 __device__ __forceinline__ void prefetch_page_table_row(const AttnParams& p, int tid) {
-  if (!reads_page_table<Traits>(p)) return;
+  if (!reads_page_table<Traits>(p) || p.block_table_pages <= 0) return;
   // The decode grid (make_cta_info): query tiles in x, splits in y, (batch, head) units in z.
   const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
   const int b = int(blockIdx.z / unsigned(heads));
