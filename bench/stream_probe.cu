@@ -8,10 +8,17 @@
 // lines) and after reading 256 MB (clean lines). So it says what the copies alone can reach in
 // each L2 state, and what each cp.async L2 hint does to that:
 //   plain       cp.async.cg (what the kernels issue)
-//   pf128/256   .L2::128B / .L2::256B prefetch-size hints
+//   pf256       the .L2::256B prefetch-size hint (.L2::128B measured as plain)
 //   evict_first .L2::cache_hint with the evict-first policy (CuTe's CacheHintSm90::EVICT_FIRST)
+// and what the Hopper tensor memory accelerator (TMA) does instead of cp.async: one thread per
+// CTA issues each stage's tile copies (cp.async.bulk.tensor.3d, completion on an mbarrier):
+//   tma_sw128   64 x 64-element boxes in the 128-byte swizzle (the kernels' smem layout), two per
+//               K (or V) tile, no L2 promotion
+//   tma_sw128_p256   the same with the tensor map's 256-byte L2 promotion
+//   tma_flat    one 64 x 128-element box per K (or V) tile, no swizzle, no L2 promotion
 //
 //   nvcc -O3 -arch=sm_90a -std=c++17 -o stream_probe bench/stream_probe.cu && ./stream_probe
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,24 +36,47 @@ constexpr int kTileBytes = kTileRows * kRowBytes;  // one of K or V
 constexpr int kChunksPerThread = kTileBytes / 16 / kThreads;
 constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;  // createpolicy.fractional evict_first, 1.0
 
-enum Hint { plain, pf128, pf256, evict_first, evict_first_pf256, kHints };
-const char* const kHintNames[kHints] = {"plain", "pf128", "pf256", "evict_first", "evict_first+pf256"};
+enum Hint { plain, pf256, evict_first, tma_sw128, tma_sw128_p256, tma_flat, kHints };
+const char* const kHintNames[kHints] = {"plain", "pf256", "evict_first", "tma_sw128", "tma_sw128_p256", "tma_flat"};
+__host__ __device__ constexpr bool is_tma(int hint) { return hint >= tma_sw128; }
 
 template <int kHint>
 __device__ __forceinline__ void copy16(uint32_t dst, const char* src) {
   if constexpr (kHint == plain) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-  } else if constexpr (kHint == pf128) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   } else if constexpr (kHint == pf256) {
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-  } else if constexpr (kHint == evict_first) {
+  } else {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "l"(kEvictFirst));
-  } else {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(src), "l"(kEvictFirst));
   }
+}
+
+// ---- TMA: the K and V tensors as 3-d maps (d, heads_k, batch x rows); a stage's copies
+// complete on the stage's mbarrier.
+struct TmaMaps {
+  CUtensorMap k, v;
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes));
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity));
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
 }
 
 struct Grid {
@@ -59,8 +89,8 @@ struct Grid {
 // CTA (split, batch * heads_k + hk): its split's tiles of K and V, kStages - 1 tiles in flight
 // while one is "computed" (a barrier), as in splitkeys_kernel.h.
 template <int kHint, int kStages>
-__global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, int* sink) {
-  extern __shared__ __align__(128) char smem[];
+__global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, const __grid_constant__ TmaMaps maps, int* sink) {
+  extern __shared__ __align__(1024) char smem[];
   const int tid = threadIdx.x;
   const int b = blockIdx.y / g.heads_k, hk = blockIdx.y % g.heads_k;
   const int tiles = g.rows / kTileRows;
@@ -68,6 +98,42 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, int* sink) {
   const int lo = blockIdx.x * per_split, hi = min(tiles, lo + per_split);
   const int64_t base = b * g.batch_stride + hk * kRowBytes;
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // TMA: the stages' mbarriers after the K/V stages; thread 0 issues, every thread waits.
+  const uint32_t bars = smem0 + kStages * 2 * kTileBytes;
+  if constexpr (is_tma(kHint)) {
+    if (tid == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(bars + 8 * s);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+    }
+    __syncthreads();
+  }
+  auto issue_tma = [&](int t) {
+    if (tid != 0 || t >= hi) return;
+    const uint32_t stage = smem0 + (t % kStages) * 2 * kTileBytes, bar = bars + 8 * (t % kStages);
+    const int row = b * g.rows + t * kTileRows;
+    mbar_expect(bar, 2 * kTileBytes);
+    if constexpr (kHint == tma_flat) {
+      tma_load_3d(stage, &maps.k, 0, hk, row, bar);
+      tma_load_3d(stage + kTileBytes, &maps.v, 0, hk, row, bar);
+    } else {
+      for (int half = 0; half < 2; ++half) {
+        tma_load_3d(stage + half * kTileBytes / 2, &maps.k, half * 64, hk, row, bar);
+        tma_load_3d(stage + kTileBytes + half * kTileBytes / 2, &maps.v, half * 64, hk, row, bar);
+      }
+    }
+  };
+  if constexpr (is_tma(kHint)) {
+    for (int s = 0; s < kStages - 1; ++s) issue_tma(lo + s);
+    int acc = 0;
+    for (int t = lo; t < hi; ++t) {
+      mbar_wait(bars + 8 * (t % kStages), ((t - lo) / kStages) & 1);
+      __syncthreads();  // every thread is done with tile t-1's stage, which tile t+kStages-1 refills
+      issue_tma(t + kStages - 1);
+      acc ^= reinterpret_cast<const int*>(smem + (t % kStages) * 2 * kTileBytes)[tid];
+    }
+    if (acc == 0x7fffffff) *sink = acc;
+    return;
+  }
   auto issue = [&](int t) {
     if (t < hi) {
       const uint32_t stage = smem0 + (t % kStages) * 2 * kTileBytes;
@@ -108,8 +174,8 @@ void check(cudaError_t e, const char* what) {
 }
 
 template <int kHint, int kStages>
-float median_us(const Grid& g, int batch, bool dirty, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
-  constexpr int kSmemUsed = kStages * 2 * kTileBytes;
+float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
+  constexpr int kSmemUsed = kStages * 2 * kTileBytes + 64;
   // Pad the shared memory so that exactly ctas_per_sm CTAs fit an SM (228 KB per SM, 1 KB each reserved).
   const int smem = std::max(kSmemUsed, (228 * 1024) / ctas_per_sm - 1024 - 1024);
   check(cudaFuncSetAttribute(stream_kernel<kHint, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
@@ -125,7 +191,7 @@ float median_us(const Grid& g, int batch, bool dirty, char* flush_buf, size_t fl
       read_flush<<<1024, 256>>>(reinterpret_cast<const int4*>(flush_buf), int64_t(flush_bytes / 16), sink);
     }
     cudaEventRecord(start);
-    stream_kernel<kHint, kStages><<<grid, kThreads, smem>>>(g, sink);
+    stream_kernel<kHint, kStages><<<grid, kThreads, smem>>>(g, maps, sink);
     cudaEventRecord(stop);
     check(cudaEventSynchronize(stop), "kernel");
     float ms = 0;
@@ -139,16 +205,46 @@ float median_us(const Grid& g, int batch, bool dirty, char* flush_buf, size_t fl
 }
 
 template <int kStages, int kHint = 0>
-void run_hints(const Grid& g, int batch, double bytes, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
+void run_hints(const Grid& g, const TmaMaps (&maps)[3], int batch, double bytes, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
   if constexpr (kHint < kHints) {
-    const float dirty = median_us<kHint, kStages>(g, batch, true, flush_buf, flush_bytes, sink, ctas_per_sm);
-    const float clean = median_us<kHint, kStages>(g, batch, false, flush_buf, flush_bytes, sink, ctas_per_sm);
+    const TmaMaps& m = maps[kHint == tma_flat ? 2 : kHint == tma_sw128_p256 ? 1 : 0];
+    const float dirty = median_us<kHint, kStages>(g, m, batch, true, flush_buf, flush_bytes, sink, ctas_per_sm);
+    const float clean = median_us<kHint, kStages>(g, m, batch, false, flush_buf, flush_bytes, sink, ctas_per_sm);
     std::printf("%4d x %-6d splits %2d stages %d ctas/SM %d %-18s dirty %7.1f us %5.2f TB/s   clean %7.1f us %5.2f TB/s\n",
                 batch, g.rows, g.splits, kStages, ctas_per_sm, kHintNames[kHint], dirty, bytes / dirty / 1e6,
                 clean, bytes / clean / 1e6);
     std::fflush(stdout);
-    run_hints<kStages, kHint + 1>(g, batch, bytes, flush_buf, flush_bytes, sink, ctas_per_sm);
+    run_hints<kStages, kHint + 1>(g, maps, batch, bytes, flush_buf, flush_bytes, sink, ctas_per_sm);
   }
+}
+
+// K or V (batch x rows of heads_k x 128 bf16) as the map (d, heads_k, batch x rows) with boxes of
+// 64 rows of one head: 64 elements wide in the 128-byte swizzle, or 128 wide unswizzled.
+CUtensorMap make_map(const char* base, int64_t total_rows, int heads_k, bool swizzled, CUtensorMapL2promotion promo) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+          "cuTensorMapEncodeTiled");
+    return reinterpret_cast<Encode>(fn);
+  }();
+  const cuuint64_t dims[3] = {128, cuuint64_t(heads_k), cuuint64_t(total_rows)};
+  const cuuint64_t strides[2] = {kRowBytes, cuuint64_t(heads_k) * kRowBytes};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {swizzled ? 64u : 128u, 1, kTileRows};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<char*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, promo,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
+    std::exit(1);
+  }
+  return map;
 }
 
 }  // namespace
@@ -173,9 +269,17 @@ int main() {
   // (unsplit) are both 256 CTAs of 64 tiles; 128 x 1k is 1,024 CTAs of 16 tiles.
   for (const Point pt : {Point{8, 16384, 4}, Point{128, 1024, 1}, Point{8, 16384, 6}}) {
     Grid g{k, v, int64_t(kHeadsK) * kRowBytes, int64_t(pt.rows) * kHeadsK * kRowBytes, pt.rows, pt.splits, kHeadsK};
-    run_hints<2>(g, pt.batch, bytes, flush_buf, kFlushBytes, sink, 3);  // the default pipeline
-    run_hints<3>(g, pt.batch, bytes, flush_buf, kFlushBytes, sink, 2);
-    run_hints<5>(g, pt.batch, bytes, flush_buf, kFlushBytes, sink, 1);  // the deep pipeline's stages
+    const int64_t total_rows = int64_t(pt.batch) * pt.rows;
+    const TmaMaps maps[3] = {
+        {make_map(k, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_NONE),
+         make_map(v, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_NONE)},
+        {make_map(k, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+         make_map(v, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)},
+        {make_map(k, total_rows, kHeadsK, false, CU_TENSOR_MAP_L2_PROMOTION_NONE),
+         make_map(v, total_rows, kHeadsK, false, CU_TENSOR_MAP_L2_PROMOTION_NONE)}};
+    run_hints<2>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 3);  // the default pipeline
+    run_hints<3>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 2);
+    run_hints<5>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 1);  // the deep pipeline's stages
   }
   return 0;
 }

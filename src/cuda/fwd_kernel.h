@@ -522,6 +522,22 @@ __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_ma
   rescale_rows(o_rc, correction);
 }
 
+// online_softmax_step for a warp that owns all of its rows' keys of the tile (splitkeys_kernel.h):
+// the O rescale is skipped when no row of the warp needs it, i.e. every correction is exactly 1
+// (no row max rose), which is exact (x * 1.0f == x) and, after a walk's first tiles, the usual
+// case: a decode warp's row max rises at its n-th tile with probability about 1/n per row.
+template <class S, class O>
+__device__ __forceinline__ void online_softmax_step_warp(S& s, O& o_rc, float* row_max, float* row_sum,
+                                                         float scale_log2) {
+  constexpr int kRows = decltype(size<0>(s))::value;
+  float correction[kRows];
+  softmax_update(s, row_max, row_sum, scale_log2, correction);
+  bool rescale = false;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) rescale |= correction[i] != 1.0f;
+  if (__any_sync(0xffffffffu, rescale)) rescale_rows(o_rc, correction);
+}
+
 // O rows from the staged smem tile sO (kBlockM x kHeadDim, Element) to global memory with
 // 16-byte stores, row r at p.o + o_off[r] (kNoRow: not stored), columns < head_dim.
 template <class Traits, class SmemTensor>
