@@ -37,15 +37,16 @@ export LD_LIBRARY_PATH="$PREFIX/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
 status=0
 
-# The sweep runs twice on Hopper: with the wgmma kernel and the deep decode pipeline (default),
-# then on the mma.sync kernels and the default decode pipeline alone (FLASHATTN_NO_WGMMA=1,
-# FLASHATTN_NO_DEEP_DECODE=1), so that every path is tested on the one GPU we have.
+# The sweep runs twice on Hopper: with the wgmma kernel, the deep decode pipeline and the split
+# combine inside clusters (default), then on the mma.sync kernels, the default decode pipeline
+# and the combine kernel alone (FLASHATTN_NO_WGMMA=1, FLASHATTN_NO_DEEP_DECODE=1,
+# FLASHATTN_NO_CLUSTER_COMBINE=1), so that every path is tested on the one GPU we have.
 stage_test() {
   local rc=0
   "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
   rc=${PIPESTATUS[0]}
-  echo "== FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1" | tee -a "$OUT/tests-gpu.log"
-  FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
+  echo "== FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1" | tee -a "$OUT/tests-gpu.log"
+  FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1 "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
 }
 

@@ -77,6 +77,11 @@ struct AttnParams {
   // order of query tile, heaviest (last, under a causal mask) first across all units; set by
   // the launcher (launch_fwd).
   bool heavy_tiles_first = false;
+  // CUDA decode tile, 2..kMaxClusterSplits splits on sm_90: the splits of a unit run as one
+  // thread-block cluster and merge their partials through distributed shared memory, with no
+  // o_accum / lse_accum and no combine kernel (splitkeys_kernel.h combine_in_cluster); set by
+  // the CUDA backend (run_attention).
+  bool cluster_combine = false;
 
   // ---- CPU only ----------------------------------------------------------------------------
   int num_threads = 0;

@@ -190,6 +190,13 @@ inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_t
 // pipeline) 0.93 -> 0.98; 1 x 16k (16 tiles) 0.96 -> 0.91, so it keeps the keys split.
 // Tiles are counted as make_plan counts them, in splitkv_block_n(head_dim)-key units.
 constexpr int kSplitDimsMaxTiles = 4;
+
+// CUDA, sm_90: split decode calls with at most this many splits merge them inside a
+// thread-block cluster (AttnParams::cluster_combine) where the device can hold such a cluster
+// of the kernel (cuda/launch.h cluster_fits). Larger clusters measured slower than the combine
+// kernel: they constrain where CTAs may run (docs/PERF.md, session 8 run 3: 16 splits at 1 x 16k
+// 49 against 33 us, 6 splits at 8 x 16k 181 against 142).
+constexpr int kMaxClusterSplits = 4;
 inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) {
   if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
   const int unit = splitkv_block_n(head_dim);

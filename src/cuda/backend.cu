@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 #include "api/backend.h"
@@ -185,6 +186,42 @@ bool device_has_wgmma(int device_index) {
   return info.cc_major == 9 && info.cc_minor == 0 && !disabled;
 }
 
+bool may_combine_splits_in_cluster(const AttnParams& params) {
+#if defined(FLASHATTN_HAS_SM90A)
+  static const bool disabled = env_is("FLASHATTN_NO_CLUSTER_COMBINE", "1");
+  const DeviceInfo& info = device_info(params.device_index);
+  return !disabled && info.cc_major == 9 && info.cc_minor == 0 && params.num_splits > 1 &&
+         params.num_splits <= kMaxClusterSplits && query_tile_rows(params) == kQueryTileRowsDecode;
+#else
+  (void)params;
+  return false;
+#endif
+}
+
+bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, bool> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(kernel, device_index, cluster_size);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1, static_cast<unsigned>(cluster_size), 1);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = static_cast<unsigned>(cluster_size);
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+  cudaGetLastError();  // a refused query leaves no sticky error: the combine kernel serves instead
+  return cache.emplace(key, fits).first->second;
+}
+
 int deep_decode_sms(int device_index, DType dtype, int head_dim) {
 #if defined(FLASHATTN_HAS_SM90A)
   static const bool disabled = env_is("FLASHATTN_NO_DEEP_DECODE", "1");
@@ -233,7 +270,6 @@ void run_attention(const AttnParams& params, void* stream_handle) {
                     " and head_dim " + std::to_string(params.head_dim) +
                     " (compiled: " + compiled_instances() + ")");
   }
-  if (params.num_splits > 1) run_combine(params, stream);
 }
 
 void run_append(const AppendParams& params, void* stream_handle) {

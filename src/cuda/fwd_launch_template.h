@@ -64,8 +64,30 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "cudaFuncSetAttribute(max dynamic smem)");
   }
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
+  // The decode tile's splits of each unit as one cluster along y, merged there
+  // (splitkeys_kernel.h combine_in_cluster); else the combine kernel merges them afterwards.
+  kp.cluster_combine = Traits::kBlockM == kQueryTileRowsDecode && may_combine_splits_in_cluster(p) &&
+                       cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, p.num_splits,
+                                    Traits::kNThreads, kSmem);
+  if (kp.cluster_combine) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(Traits::kNThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = static_cast<unsigned>(p.num_splits);
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&config, kernel, kp), name);
+  } else {
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
+  }
   check_launch(name);
+  if (kp.num_splits > 1 && !kp.cluster_combine) run_combine(kp, stream);
 }
 
 #if defined(FLASHATTN_HAS_SM90A)

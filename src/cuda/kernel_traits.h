@@ -214,10 +214,12 @@ struct SplitKeysTraits
       WarpKeysT{}, cute::GenRowMajor{}));  // fragment shape only
 
   // Merge buffers: per warp and row its max and sum, and its O slab in fp32 (rows padded by 8
-  // floats against bank conflicts), laid over the K/V buffers once the mainloop is done.
+  // floats against bank conflicts), laid over the K/V buffers once the mainloop is done; and
+  // the CTA's split LSE per row for a combine inside a cluster (splitkeys_kernel.h
+  // SplitPartial, whose O is warp 0's slab).
   static constexpr int kMergeRowFloats = kHeadDim + 8;
   static constexpr int kSmemMergeOBytes = kNWarps * kBlockM * kMergeRowFloats * int(sizeof(float));
-  static constexpr int kSmemMergeStatBytes = 2 * kNWarps * kBlockM * int(sizeof(float));
+  static constexpr int kSmemMergeStatBytes = (2 * kNWarps + 1) * kBlockM * int(sizeof(float));
   static_assert(kSmemMergeOBytes <= 2 * kStages * Base::kSmemKVBytes, "merge fits the K/V buffers");
 
   // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.

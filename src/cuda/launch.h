@@ -29,6 +29,15 @@ int compute_capability_major(int device_index);
 // Hopper). Cached per device.
 bool device_has_wgmma(int device_index);
 
+// Whether a split decode call may merge its splits inside thread-block clusters
+// (AttnParams::cluster_combine): the decode tile, 2..kMaxClusterSplits splits, a device that
+// runs the sm_90a kernels, and FLASHATTN_NO_CLUSTER_COMBINE=1 unset (a switch for testing and
+// timing the combine kernel on Hopper).
+bool may_combine_splits_in_cluster(const AttnParams& params);
+// Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
+// device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.
+bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes);
+
 // FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 forces that wgmma tile where it is compiled
 // (fwd_launch_template.h launch_wgmma picks otherwise); for timing the tiles on one GPU.
 enum class WgmmaTileEnv { automatic, wide, narrow, narrow96 };

@@ -7,7 +7,9 @@
 // Per key tile n (walked from the last visible tile down), one barrier:
 //   wait tile n; barrier | issue tile n-kStages+1 | per warp: S = Q K_w^T, rules, softmax, O_w += P V_w
 // At the end the warps merge (max, sum, O) through shared memory, laid over the K/V buffers,
-// and write O (or the split's fp32 partials) with 16-byte stores, and LSE.
+// and write O (or the split's fp32 partials) with 16-byte stores, and LSE. With
+// AttnParams::cluster_combine the split's partial stays in shared memory instead and the
+// unit's splits, one thread-block cluster, merge it there (combine_in_cluster).
 // Short split walks at d = 64 and 128 (Traits::kWarpsSplitDims, rules.h
 // decode_warps_split_dims) split the head dim instead: every warp computes the whole S of a
 // tile and its own columns of O, and writes them from registers with no merge
@@ -17,21 +19,94 @@
 // 128-row kernel (fwd_kernel.h), whose helpers this file uses.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "cuda/fwd_kernel.h"
 
 namespace flashattn {
 namespace cuda {
 namespace fwd {
 
+// A split's result kept in the CTA's shared memory for combine_in_cluster: O normalised by the
+// split's own sum, o[row * Traits::kMergeRowFloats + col] in fp32, and lse[row] (-inf: no key).
+struct SplitPartial {
+  float* o;
+  float* lse;
+};
+
+// The split-KV combine inside a thread-block cluster (sm_90; AttnParams::cluster_combine): the
+// num_splits CTAs of a unit are one cluster along grid y (launch_fwd), each holding its split's
+// SplitPartial. After a cluster barrier each CTA merges a share of the rows' 8-column chunks,
+// reading every split's partial through distributed shared memory, by the rule of combine.cu:
+//   lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s   (splits with lse_s = -inf skipped;
+// a row whose splits are all empty gets o = 0 and lse = -inf).
+// A second barrier keeps every CTA's shared memory alive until the others have read it. So a
+// split decode call writes no fp32 partials to global memory and needs no combine grid.
+template <class Traits>
+__device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const CtaInfo& c, const SplitPartial& mine,
+                                                   const int64_t* o_off, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kRowFloats = Traits::kMergeRowFloats;
+  constexpr int kChunksPerRow = Traits::kHeadDim / 8;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // every split's partial is in its CTA's shared memory
+  const int splits = int(cluster.num_blocks());
+  const int rank = int(cluster.block_rank());
+  for (int idx = rank * Traits::kNThreads + tid; idx < kBlockM * kChunksPerRow; idx += splits * Traits::kNThreads) {
+    const int r = idx / kChunksPerRow;
+    const int col = (idx % kChunksPerRow) * 8;
+    if (c.m0 + r >= c.rows || col >= p.head_dim) continue;
+    float lse_s[kMaxClusterSplits];
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lse_s[s] = s < splits ? cluster.map_shared_rank(mine.lse, s)[r] : -INFINITY;
+      m = fmaxf(m, lse_s[s]);
+    }
+    float sum = 0.0f;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxClusterSplits; ++s) sum += lse_s[s] == -INFINITY ? 0.0f : expf(lse_s[s] - m);
+    const float lse = m == -INFINITY || sum <= 0.0f ? -INFINITY : m + logf(sum);
+    float acc[8];
+    CUTE_UNROLL
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (lse_s[s] == -INFINITY || lse == -INFINITY) continue;  // also s >= splits
+      const float w = expf(lse_s[s] - lse);
+      const float* src = cluster.map_shared_rank(mine.o, s) + r * kRowFloats + col;
+      const float4 lo = *reinterpret_cast<const float4*>(src);
+      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      acc[0] += w * lo.x, acc[1] += w * lo.y, acc[2] += w * lo.z, acc[3] += w * lo.w;
+      acc[4] += w * hi.x, acc[5] += w * hi.y, acc[6] += w * hi.z, acc[7] += w * hi.w;
+    }
+    cutlass::Array<Element, 8> out;
+    CUTE_UNROLL
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<Element>(acc[e]);
+    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.o) + o_off[r] + col) = out;
+    if (col == 0 && p.lse != nullptr) {
+      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
+    }
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+#else
+  (void)p, (void)c, (void)mine, (void)o_off, (void)tid;
+#endif
+}
+
 // The end of a CTA whose warps split the head dim (Traits::kWarpsSplitDims): every warp holds
 // the same row statistics and its own columns of O, so it normalises and writes them straight
-// from registers as the split's fp32 partials, and warp 0 writes the LSE (rules.h
-// decode_warps_split_dims takes this kernel only to split).
+// from registers as the split's fp32 partials (global, or the CTA's SplitPartial with
+// cluster_combine), and warp 0 writes the LSE (rules.h decode_warps_split_dims takes this
+// kernel only to split).
 template <class Traits, class AccO, int kRows>
 __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const CtaInfo& c, int split,
                                                    const AccO& acc_o, const float (&row_max)[kRows],
                                                    const float (&row_sum)[kRows], const ScoreScale& sc,
-                                                   int warp, int lane) {
+                                                   const SplitPartial& part, int warp, int lane) {
   constexpr int kDimsPerWarp = Traits::kDimsPerWarp;
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(lane);
@@ -49,9 +124,13 @@ __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const Ct
     // A row with no visible key (or an empty split) writes 0 and LSE -inf.
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const float lse = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
-    const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-    const int64_t row = accum_row(p, split, c.b, pr.head, pr.query);
-    float* dst = p.o_accum + row * p.head_dim + col0;
+    int64_t row = 0;
+    float* dst = part.o + r * Traits::kMergeRowFloats + col0;
+    if (!p.cluster_combine) {
+      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+      row = accum_row(p, split, c.b, pr.head, pr.query);
+      dst = p.o_accum + row * p.head_dim + col0;
+    }
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
       const int col = get<1>(tOcO_rc(i, d));
@@ -59,21 +138,23 @@ __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const Ct
         *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * inv, o_rc(i, d + 1) * inv);
       }
     }
-    if (owns_row_lse) p.lse_accum[row] = lse;
+    if (owns_row_lse) (p.cluster_combine ? part.lse[r] : p.lse_accum[row]) = lse;
   }
 }
 
 // The end of a CTA whose warps split the keys: per row the max M and sum L over the warps,
 // O = sum_w O_w e^(m_w - M) / L, merged through shared memory (merge_o laid over the K/V
-// buffers, which every warp is done with); then O (or the split's fp32 partials) with 16-byte
-// stores, and LSE.
+// buffers, which every warp is done with); then O (or the split's fp32 partials, global or,
+// with cluster_combine, the SplitPartial part: warp 0's slab of merge_o, each element
+// rewritten by the one thread that summed it) with 16-byte stores, and LSE.
 template <class Traits, class AccO, int kRows>
 __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const CtaInfo& c, int split,
                                                       AccO& acc_o, const float (&row_max)[kRows],
                                                       const float (&row_sum)[kRows], const ScoreScale& sc,
                                                       float* merge_max, float* merge_sum,
                                                       float* merge_o,  // [kNWarps][16][kRowFloats]
-                                                      const int64_t* o_off, int tid) {
+                                                      const SplitPartial& part, const int64_t* o_off,
+                                                      int tid) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -148,7 +229,11 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
       acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
       acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
     }
-    if (p.num_splits > 1) {
+    if (p.cluster_combine) {
+      float* dst = part.o + r * kRowFloats + col;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else if (p.num_splits > 1) {
       const PackedRow pr = tile_row_query(p, c, c.m0 + r);
       float* dst = p.o_accum + accum_row(p, split, c.b, pr.head, pr.query) * p.head_dim + col;
       *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -166,7 +251,9 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
     const RowStat row = merged_row(r);
     const float lse = row.sum > 0.0f ? row.max * sc.raw_scale + logf(row.sum) : -INFINITY;
     const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-    if (p.num_splits > 1) {
+    if (p.cluster_combine) {
+      part.lse[r] = lse;
+    } else if (p.num_splits > 1) {
       p.lse_accum[accum_row(p, split, c.b, pr.head, pr.query)] = lse;
     } else if (p.lse != nullptr) {
       p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
@@ -321,13 +408,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
 
   cp_async_wait<0>();
+  // With cluster_combine the split's result stays here: O over the K/V buffers, LSE after the
+  // merge statistics.
+  const SplitPartial part{reinterpret_cast<float*>(smem_k), merge_sum + kNWarps * kBlockM};
   if constexpr (kSplitDims) {
-    store_warp_columns<Traits>(p, c, split, acc_o, row_max, row_sum, sc, warp, lane);
+    if (p.cluster_combine) __syncthreads();  // every warp is done with the K/V buffers part.o overlays
+    store_warp_columns<Traits>(p, c, split, acc_o, row_max, row_sum, sc, part, warp, lane);
   } else {
     __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
     merge_warps_and_store<Traits>(p, c, split, acc_o, row_max, row_sum, sc, merge_max, merge_sum,
-                                  reinterpret_cast<float*>(smem_k), o_off, tid);
+                                  reinterpret_cast<float*>(smem_k), part, o_off, tid);
   }
+  if (p.cluster_combine) combine_in_cluster<Traits>(p, c, part, o_off, tid);
 }
 
 }  // namespace fwd
