@@ -205,19 +205,11 @@ bool cluster_fits(const void* kernel, int device_index, int cluster_size, int th
   const auto key = std::make_tuple(kernel, device_index, cluster_size);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(1, static_cast<unsigned>(cluster_size), 1);
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = static_cast<unsigned>(cluster_size);
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  const ClusterLaunch launch(dim3(1, static_cast<unsigned>(cluster_size), 1), threads, smem_bytes, nullptr,
+                            cluster_size);
   int clusters = 0;
-  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+  const bool fits =
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;
   cudaGetLastError();  // a refused query leaves no sticky error: the combine kernel serves instead
   return cache.emplace(key, fits).first->second;
 }

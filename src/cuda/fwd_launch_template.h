@@ -70,19 +70,8 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
                        cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, p.num_splits,
                                     Traits::kNThreads, kSmem);
   if (kp.cluster_combine) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(Traits::kNThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = static_cast<unsigned>(p.num_splits);
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&config, kernel, kp), name);
+    const ClusterLaunch launch(grid, Traits::kNThreads, kSmem, stream, p.num_splits);
+    check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), name);
   } else {
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
   }

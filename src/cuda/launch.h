@@ -34,6 +34,28 @@ bool device_has_wgmma(int device_index);
 // runs the sm_90a kernels, and FLASHATTN_NO_CLUSTER_COMBINE=1 unset (a switch for testing and
 // timing the combine kernel on Hopper).
 bool may_combine_splits_in_cluster(const AttnParams& params);
+// cudaLaunchKernelEx's configuration for grid in clusters of cluster_size CTAs along y (one
+// cluster per unit's splits: splitkeys_kernel.h combine_in_cluster). Not copyable: config
+// points at attribute.
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(dim3 grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_size) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = static_cast<unsigned>(cluster_size);
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = grid;
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
 // device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.
 bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes);
