@@ -80,7 +80,7 @@ struct AttnParams {
   // CUDA decode tile, 2..kMaxClusterSplits splits on sm_90: the splits of a unit run as one
   // thread-block cluster and merge their partials through distributed shared memory, with no
   // o_accum / lse_accum and no combine kernel (splitkeys_kernel.h combine_in_cluster); set by
-  // the CUDA backend (run_attention).
+  // the launcher (launch_fwd).
   bool cluster_combine = false;
 
   // ---- CPU only ----------------------------------------------------------------------------

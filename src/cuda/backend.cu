@@ -189,9 +189,12 @@ bool device_has_wgmma(int device_index) {
 bool may_combine_splits_in_cluster(const AttnParams& params) {
 #if defined(FLASHATTN_HAS_SM90A)
   static const bool disabled = env_is("FLASHATTN_NO_CLUSTER_COMBINE", "1");
+  if (disabled || params.num_splits < 2 || params.num_splits > kMaxClusterSplits ||
+      query_tile_rows(params) != kQueryTileRowsDecode) {
+    return false;  // the common cases answered before the device lookup
+  }
   const DeviceInfo& info = device_info(params.device_index);
-  return !disabled && info.cc_major == 9 && info.cc_minor == 0 && params.num_splits > 1 &&
-         params.num_splits <= kMaxClusterSplits && query_tile_rows(params) == kQueryTileRowsDecode;
+  return info.cc_major == 9 && info.cc_minor == 0;
 #else
   (void)params;
   return false;

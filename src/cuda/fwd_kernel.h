@@ -513,29 +513,23 @@ __device__ __forceinline__ void rescale_rows(O& o_rc, const float* correction) {
 }
 
 // One online-softmax step: softmax_update, then rescale the rows of O (o_rc: rows, d).
-template <class S, class O>
+// kSkipUnitRescale (a whole warp calls it uniformly, splitkeys_kernel.h): the rescale is skipped
+// when no row of the warp needs it, i.e. every correction is exactly 1 (no row max rose), which
+// is exact (x * 1.0f == x) and, after a walk's first tiles, the usual case: a decode warp's row
+// max rises at its n-th tile with probability about 1/n per row.
+template <bool kSkipUnitRescale = false, class S, class O>
 __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_max, float* row_sum,
                                                     float scale_log2) {
   constexpr int kRows = decltype(size<0>(s))::value;
   float correction[kRows];
   softmax_update(s, row_max, row_sum, scale_log2, correction);
+  if constexpr (kSkipUnitRescale) {
+    bool rescale = false;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) rescale |= correction[i] != 1.0f;
+    if (!__any_sync(0xffffffffu, rescale)) return;
+  }
   rescale_rows(o_rc, correction);
-}
-
-// online_softmax_step for a warp that owns all of its rows' keys of the tile (splitkeys_kernel.h):
-// the O rescale is skipped when no row of the warp needs it, i.e. every correction is exactly 1
-// (no row max rose), which is exact (x * 1.0f == x) and, after a walk's first tiles, the usual
-// case: a decode warp's row max rises at its n-th tile with probability about 1/n per row.
-template <class S, class O>
-__device__ __forceinline__ void online_softmax_step_warp(S& s, O& o_rc, float* row_max, float* row_sum,
-                                                         float scale_log2) {
-  constexpr int kRows = decltype(size<0>(s))::value;
-  float correction[kRows];
-  softmax_update(s, row_max, row_sum, scale_log2, correction);
-  bool rescale = false;
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) rescale |= correction[i] != 1.0f;
-  if (__any_sync(0xffffffffu, rescale)) rescale_rows(o_rc, correction);
 }
 
 // O rows from the staged smem tile sO (kBlockM x kHeadDim, Element) to global memory with

@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
 
     Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
-    online_softmax_step_warp(s, o_rc, row_max, row_sum, sc.scale_log2);
+    online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, row_max, row_sum, sc.scale_log2);
 
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
