@@ -213,15 +213,15 @@ __device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const Ct
 }
 
 // Whether K/V tiles are gathered through the page table: never in a kernel compiled for
-// contiguous K/V only (Traits::kPagedKv false).
+// contiguous K/V only (Traits::kPagedKv false), always in one launched for paged K/V only.
 template <class Traits>
 __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
-  return Traits::kPagedKv && p.block_table != nullptr;
+  return Traits::kPagedKv && (Traits::kPagedKvOnly || p.block_table != nullptr);
 }
 
 // Paged K/V, decode: first thing in the CTA, prefetches into the L2 the page-table row of its
 // sequence, spread over the CTAs of that sequence (one 128-byte line per thread). A short
-// decode CTA reads its pages (KvStages::fetch_page) once the sequence's lengths are known, so
+// decode CTA reads its pages (lookup_paged_rows) once the sequence's lengths are known, so
 // that read is a second dependent memory latency before its first K/V copy; prefetched beside
 // the lengths' read, it hits the L2 (measured: 0.3-0.5 us per call at batch 1-8 x 1k; issued
 // after make_cta_info instead, nothing; docs/PERF.md, session 7 runs 3-4). The whole row is
@@ -357,6 +357,79 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
     load_tile<Traits, Traits::kBlockN, kHint>(sX, base, p.head_dim, tid, [&](int r) {
       return kIsV ? kv_off[r].v : kv_off[r].k;
     });
+  }
+}
+
+// ---- paged K/V read directly, without an offset table (splitkeys_kernel.h) ------------------
+//
+// A thread's copy rows of a K/V tile are kRows rows kGmemRowsPerPass apart (copy_partition).
+// lookup_paged_rows reads the page of each from the page table into registers (the reads in
+// flight together) and where each lies in its page; load_paged_rows then issues the K or V
+// copies from them. Against the offset table (compute_kv_offsets) this drops a division and
+// 64-bit products per row, the table's shared-memory round trip and the barrier between the
+// page-table read and the copies, which let a short decode CTA start its copies only after its
+// setup (docs/PERF.md, session 10).
+template <class Traits>
+struct PagedRows {
+  static constexpr int kRows = Traits::kBlockN / Traits::kGmemRowsPerPass;
+  int page[kRows];     // the page holding each row; -1 past the sequence's keys
+  int in_page[kRows];  // each row's row within its page
+};
+
+template <class Traits>
+__device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams& p, const CtaInfo& c,
+                                                              int n, int tid) {
+  constexpr int kStep = Traits::kGmemRowsPerPass;
+  PagedRows<Traits> rows;
+  const int first = n * Traits::kBlockN + tid / Traits::kGmemThreadsPerRow;  // this thread's first key
+  const bool copies = tid < Traits::kGmemThreads;
+  // rules.h kv_page, walked kStep keys at a time: kStep keys on is step_pages pages and
+  // step_rows rows on.
+  const int pos = c.seq.leftpad + first;
+  int page_index = pos / p.page_size;
+  int in_page = pos - page_index * p.page_size;
+  const int step_pages = kStep / p.page_size;
+  const int step_rows = kStep - step_pages * p.page_size;
+  const int* table_row = p.block_table + c.b * p.block_table_batch_stride;
+  CUTE_UNROLL
+  for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
+    const bool valid = copies && first + m * kStep < c.seq.seqlen_k;
+    rows.page[m] = valid ? table_row[page_index] : -1;
+    rows.in_page[m] = in_page;
+    in_page += step_rows;
+    page_index += step_pages;
+    if (in_page >= p.page_size) in_page -= p.page_size, ++page_index;
+  }
+  return rows;
+}
+
+// K (kIsV false) or V tile from the rows lookup_paged_rows found: rules.h kv_paged_row_offset
+// per row; rows past the keys and columns >= head_dim zero-filled.
+template <class Traits, bool kIsV, class SmemTensor>
+__device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaInfo& c,
+                                                const PagedRows<Traits>& rows, SmemTensor& sX, int tid) {
+  using Element = typename Traits::Element;
+  constexpr L2Hint kHint = Traits::kKvEvictFirst ? L2Hint::evict_first : L2Hint::none;
+  if (tid >= Traits::kGmemThreads) return;
+  const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
+  const int64_t page_stride = kIsV ? p.v_batch_stride : p.k_batch_stride;
+  const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
+  auto part = copy_partition<Traits, Traits::kBlockN>(sX, tid);
+  auto& tXsX = get<0>(part);        // (CPY, CPY_M, CPY_K)
+  const auto& tXcX = get<1>(part);  // (CPY, CPY_M, CPY_K) -> (row, col)
+  const int col = get<1>(tXcX(0, 0, 0));
+  const Element* head = base + c.hk * (kIsV ? p.v_head_stride : p.k_head_stride) + col;
+  static_assert(decltype(size<1>(tXsX))::value == PagedRows<Traits>::kRows, "a page per copy row");
+  CUTE_UNROLL
+  for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
+    const bool row_ok = rows.page[m] >= 0;
+    const Element* src = head + rows.page[m] * page_stride + rows.in_page[m] * row_stride;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tXsX); ++k) {
+      const int dcol = get<1>(tXcX(0, m, k)) - col;  // a constant of the partition
+      const bool valid = row_ok && col + dcol < p.head_dim;
+      cp_async_16<kHint>(&tXsX(0, m, k), valid ? src + dcol : base, valid);
+    }
   }
 }
 
@@ -570,15 +643,15 @@ __device__ __forceinline__ void start_softmax_rows(float (&row_max)[kRows], floa
 
 // ---- multi-stage K/V buffers (splitkeys_kernel.h, wgmma_kernel.h) -------------------------
 //
-// Traits::kStages K buffers, Traits::kStages V buffers and one row-offset table per stage in
-// shared memory; key tile n lives in stage n % kStages.
+// Traits::kStages K buffers, Traits::kStages V buffers and, for paged K/V in wgmma_kernel.h,
+// one row-offset table per stage in shared memory; key tile n lives in stage n % kStages.
 template <class Traits>
 struct KvStages {
   using Element = typename Traits::Element;
   static constexpr int kElems = int(cute::cosize_v<typename Traits::SmemLayoutKV>);
   Element* k;              // [kStages] K tiles
   Element* v;              // [kStages] V tiles
-  KvRowOffsets* tables;    // [kStages][kBlockN] (paged K/V only)
+  KvRowOffsets* tables;    // [kStages][kBlockN] (paged K/V through issue(n) only)
 
   __device__ __forceinline__ auto k_tile(int stage) const {
     return make_tensor(make_smem_ptr(k + stage * kElems), typename Traits::SmemLayoutKV{});
@@ -610,20 +683,24 @@ struct KvStages {
                                           const CtaKeyTiles& tiles, int n, int tid) const {
     if (n >= tiles.lo && reads_page_table<Traits>(p)) compute_kv_offsets<Traits>(p, c, n, table(n), tid);
   }
-  // prepare() in two halves, so that the page-table read of a later tile is in flight while
-  // this tile is computed: fetch_page reads the page of this thread's row of tile n (one row
-  // per thread), store_offsets writes the row's offsets from it into tile n's table.
-  static_assert(Traits::kNThreads >= Traits::kBlockN, "one K/V row per thread");
-  __device__ __forceinline__ int fetch_page(const AttnParams& p, const CtaInfo& c,
-                                            const CtaKeyTiles& tiles, int n, int tid) const {
-    const int j = n * Traits::kBlockN + tid;
-    const bool mine = n >= tiles.lo && reads_page_table<Traits>(p) && tid < Traits::kBlockN && j < c.seq.seqlen_k;
-    return mine ? kv_page(p, c.seq, c.b, j) : -1;
+  // issue() without the offset table (splitkeys_kernel.h, tables unset): paged K/V from the
+  // pages lookup(n) read. Both always run, as one commit group per tile.
+  __device__ __forceinline__ PagedRows<Traits> lookup(const AttnParams& p, const CtaInfo& c,
+                                                      const CtaKeyTiles& tiles, int n, int tid) const {
+    if (n >= tiles.lo && reads_page_table<Traits>(p)) return lookup_paged_rows<Traits>(p, c, n, tid);
+    return PagedRows<Traits>{};
   }
-  __device__ __forceinline__ void store_offsets(const AttnParams& p, const CtaInfo& c,
-                                                const CtaKeyTiles& tiles, int n, int tid, int page) const {
-    if (n < tiles.lo || !reads_page_table<Traits>(p) || tid >= Traits::kBlockN) return;
-    table(n)[tid] = paged_kv_row_offsets(p, c, page, n * Traits::kBlockN + tid);
+  __device__ __forceinline__ void issue(const AttnParams& p, const CtaInfo& c, const CtaKeyTiles& tiles,
+                                        int n, int tid, const PagedRows<Traits>& rows) const {
+    if (n >= tiles.lo && reads_page_table<Traits>(p)) {
+      auto k_stage = k_tile(unsigned(n) % Traits::kStages);
+      auto v_stage = v_tile(unsigned(n) % Traits::kStages);
+      load_paged_rows<Traits, false>(p, c, rows, k_stage, tid);
+      load_paged_rows<Traits, true>(p, c, rows, v_stage, tid);
+      cp_async_commit();
+    } else {
+      issue(p, c, tiles, n, tid);
+    }
   }
 };
 

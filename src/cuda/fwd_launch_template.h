@@ -106,11 +106,12 @@ void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
 }
 #endif
 
-// The decode tile's kernel on the pipeline kDeep, its warps splitting the head dim where rules.h
-// decode_warps_split_dims says so and the head dim allows, else the keys.
-template <typename Element, int kHeadDim, bool kDeep>
+// The decode tile's kernel on the pipeline kDeep, for paged K/V or contiguous (kPaged), its
+// warps splitting the head dim where rules.h decode_warps_split_dims says so and the head dim
+// allows, else the keys.
+template <typename Element, int kHeadDim, bool kDeep, bool kPaged>
 void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char* name) {
-  using DimsSplit = SplitKeysTraits<Element, kHeadDim, kDeep, true>;
+  using DimsSplit = SplitKeysTraits<Element, kHeadDim, kDeep, true, kPaged>;
   if constexpr (DimsSplit::kWarpsSplitDims) {
     static_assert(DimsSplit::kBlockN == splitkv_block_n(kHeadDim), "rules.h splitkv_block_n counts its tiles");
     if (decode_warps_split_dims(params.num_splits, params.seqlen_k, params.head_dim)) {
@@ -118,7 +119,7 @@ void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char*
       return;
     }
   }
-  using KeysSplit = SplitKeysTraits<Element, kHeadDim, kDeep, false>;
+  using KeysSplit = SplitKeysTraits<Element, kHeadDim, kDeep, false, kPaged>;
   launch_fwd<KeysSplit>(params, stream, &fwd::splitkeys_kernel<KeysSplit>, name);
 }
 
@@ -138,13 +139,17 @@ void run_fwd(const AttnParams& params, cudaStream_t stream) {
         throw Error(Error::Kind::runtime, "flashattn: the deep decode pipeline reads contiguous K/V only");
       }
       if constexpr (kHeadDim <= kDeepDecodeMaxHeadDim) {
-        launch_splitkeys<Element, kHeadDim, true>(params, stream, "flashattn splitkeys_kernel (deep)");
+        launch_splitkeys<Element, kHeadDim, true, false>(params, stream, "flashattn splitkeys_kernel (deep)");
         return;
       }
       throw Error(Error::Kind::runtime, "flashattn: no deep decode pipeline above d = " +
                                             std::to_string(kDeepDecodeMaxHeadDim));
     }
-    launch_splitkeys<Element, kHeadDim, false>(params, stream, "flashattn splitkeys_kernel");
+    if (params.block_table != nullptr) {
+      launch_splitkeys<Element, kHeadDim, false, true>(params, stream, "flashattn splitkeys_kernel (paged)");
+    } else {
+      launch_splitkeys<Element, kHeadDim, false, false>(params, stream, "flashattn splitkeys_kernel");
+    }
   } else if (tile_rows == kQueryTileRowsShort) {
     launch_fwd<Short>(params, stream, &fwd::fwd_kernel<Short>, "flashattn fwd_kernel (64 rows)");
   } else {

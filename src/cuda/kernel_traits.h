@@ -120,6 +120,9 @@ struct TileTraitsBase {
   // Whether the kernel may read a paged K/V cache (p.block_table); a kernel compiled for
   // contiguous K/V only drops the page-table code (SplitKeysTileConfig's deep pipeline).
   static constexpr bool kPagedKv = true;
+  // Whether the kernel is launched for paged K/V only (SplitKeysTileConfig's kPaged), so that
+  // it needs no contiguous K/V path.
+  static constexpr bool kPagedKvOnly = false;
   // Whether the K/V copies ask the L2 to evict their lines first (SplitKeysTraits).
   static constexpr bool kKvEvictFirst = false;
 };
@@ -159,15 +162,18 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 // Deep (kDeep, d <= 128, sm_90's shared memory): 5 stages (four tiles in flight) at one CTA per
 // SM, for few CTAs with short key walks, where the default pipeline leaves the memory system
 // waiting (make_plan's rule; docs/PERF.md, session 3).
-template <int kHeadDim, bool kDeep, bool kSplitDims>
+template <int kHeadDim, bool kDeep, bool kSplitDims, bool kPaged>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
   static constexpr int kStages = kDeep ? 5 : 2;
   static constexpr int kMinBlocksPerSm = kDeep ? 1 : kHeadDim <= 128 ? 3 : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
-  // The deep pipeline serves contiguous K/V only (make_plan); compiled without the page-table
-  // reads, it keeps the registers and instructions those cost out of its short walks.
-  static constexpr bool kPagedKv = !kDeep;
+  // kPaged: compiled for paged K/V (PagedRows) and for it only; the contiguous kernels keep the
+  // page-table code, its registers and instructions out of their mainloop (measured: a kernel
+  // serving both spilled, and contiguous calls on it lost 2-3% at batch 32 x 1k; docs/PERF.md,
+  // session 10). The deep pipeline serves contiguous K/V only (make_plan).
+  static constexpr bool kPagedKv = kPaged;
+  static_assert(!(kDeep && kPaged), "the deep pipeline reads contiguous K/V");
   // kSplitDims: the warps split the head dim instead of the keys, at d = 64 and 128 (16 and 32
   // columns of O per warp; d = 192's 48 do not tile the swizzled V layout). Every warp computes
   // the tile's whole S (4x the Q K^T tensor work, which short walks can afford: rules.h
@@ -177,16 +183,17 @@ struct SplitKeysTileConfig {
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
 };
 
-template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false>
+template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false, bool kPaged = false>
 struct SplitKeysTraits
-    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>::kBlockM,
-                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>::kBlockN,
-                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>::kNWarps> {
-  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims>;
+    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockM,
+                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockN,
+                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kNWarps> {
+  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>;
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
   static constexpr bool kPagedKv = Config::kPagedKv;
+  static constexpr bool kPagedKvOnly = Config::kPagedKv;
   static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
   // The split-dims kernels copy K/V evict-first, so that their lines replace each other rather
   // than other data in the L2: measured (docs/PERF.md, session 5 runs 2-4), decode calls whose
@@ -222,8 +229,8 @@ struct SplitKeysTraits
   static constexpr int kSmemMergeStatBytes = (2 * kNWarps + 1) * kBlockM * int(sizeof(float));
   static_assert(kSmemMergeOBytes <= 2 * kStages * Base::kSmemKVBytes, "merge fits the K/V buffers");
 
-  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
-  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
+  // Row offset tables: int64 per Q row and O row (paged K/V is read without one: PagedRows).
+  static constexpr int kSmemRowOffsetBytes = 2 * kBlockM * int(sizeof(int64_t));
   // Q, kStages x (K, V), the row offset tables, the merge statistics (the CTA geometry stays in
   // registers: this kernel has registers to spare).
   static constexpr int kSmemBytes = Base::kSmemQBytes + 2 * kStages * Base::kSmemKVBytes +

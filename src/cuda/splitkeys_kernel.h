@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int split = blockIdx.y;
   const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, split);
 
-  // ---- shared memory: Q | K stages | V stages | row offsets | merge statistics
+  // ---- shared memory: Q | K stages | V stages | Q/O row offsets | merge statistics
   constexpr int kKVElems = int(cute::cosize_v<typename Traits::SmemLayoutKV>);
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = smem_q + cute::cosize_v<typename Traits::SmemLayoutQ>;
@@ -291,19 +291,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (16, d)
   int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
   int64_t* o_off = q_off + kBlockM;
-  KvRowOffsets* kv_off_buf = reinterpret_cast<KvRowOffsets*>(o_off + kBlockM);  // [kStages][kBlockN]
-  const KvStages<Traits> kv{smem_k, smem_v, kv_off_buf};
-  float* merge_max = reinterpret_cast<float*>(kv_off_buf + kStages * kBlockN);  // [kNWarps][16]
-  float* merge_sum = merge_max + kNWarps * kBlockM;                             // [kNWarps][16]
+  const KvStages<Traits> kv{smem_k, smem_v, nullptr};  // paged K/V read directly (PagedRows)
+  float* merge_max = reinterpret_cast<float*>(o_off + kBlockM);  // [kNWarps][16]
+  float* merge_sum = merge_max + kNWarps * kBlockM;  // [kNWarps][16]
   // KvStages::issue, not wgmma_kernel.h's ContiguousKvCopies: measured no faster here
   // (docs/PERF.md, session 6 run 3), and it adds spills to the 168-register kernels.
-  auto issue_tile = [&](int n) { kv.issue(p, c, tiles, n, tid); };
+  auto issue_tile = [&](int n, const PagedRows<Traits>& rows) { kv.issue(p, c, tiles, n, tid, rows); };
 
-  // ---- prologue: Q and the first kStages-1 tiles in flight; the offsets of those and of the
-  // tile the first iteration issues (their page-table reads together). Strided Q rows and
-  // contiguous K/V need no offset table, so their copies leave before the tables and the
-  // barrier: a one-tile CTA's chain starts with its memory latency rather than ending its
-  // setup first. Q's copies join the first tile's commit group either way, so Q goes first.
+  // ---- prologue: Q and the first kStages-1 tiles in flight. Strided Q rows need no offset
+  // table, so their copies and the tiles' leave before the Q/O tables and the barrier: a
+  // one-tile CTA's chain starts with its memory latency rather than ending its setup first.
+  // Q's copies join the first tile's commit group either way, so Q goes first.
   const bool any_tile = tiles.hi > tiles.lo;
   const StridedRows q_rows = q_tile_rows(p, c);
   const Element* q_base = static_cast<const Element*>(p.q);
@@ -316,21 +314,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
   };
   auto issue_first_tiles = [&] {
-    for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i);
+    for (int i = 1; i < kStages; ++i) issue_tile(tiles.hi - i, kv.lookup(p, c, tiles, tiles.hi - i, tid));
   };
   const bool q_first = q_rows.strided;
-  const bool tiles_first = q_first && !reads_page_table<Traits>(p);
-  if (q_first) issue_q();
-  if (tiles_first) issue_first_tiles();
+  if (q_first) {
+    issue_q();
+    issue_first_tiles();
+  }
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
-  int first_pages[kStages];
-  CUTE_UNROLL
-  for (int i = 0; i < kStages; ++i) first_pages[i] = kv.fetch_page(p, c, tiles, tiles.hi - 1 - i, tid);
-  CUTE_UNROLL
-  for (int i = 0; i < kStages; ++i) kv.store_offsets(p, c, tiles, tiles.hi - 1 - i, tid, first_pages[i]);
   __syncthreads();
-  if (!q_first) issue_q();
-  if (!tiles_first) issue_first_tiles();
+  if (!q_first) {
+    issue_q();
+    issue_first_tiles();
+  }
 
   // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
   typename Traits::TiledMma tiled_mma;
@@ -373,12 +369,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
-    // Paged: the page of tile n-kStages (issued by the next iteration), read under this tile's
-    // wait and math, its offsets stored at the end.
-    const int page_ahead = kv.fetch_page(p, c, tiles, n - kStages, tid);
+    // Paged: the pages of the tile issued below, read under this tile's wait.
+    const PagedRows<Traits> rows_ahead = kv.lookup(p, c, tiles, n - (kStages - 1), tid);
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile n landed; every warp is done with tile n+1's stage and table
-    issue_tile(n - (kStages - 1));        // into tile n+1's stage
+    __syncthreads();  // tile n landed; every warp is done with tile n+1's stage
+    issue_tile(n - (kStages - 1), rows_ahead);  // into tile n+1's stage
     if (n == tiles.hi - 1) {              // Q landed with the first tile: keep it in registers
       Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
       Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
@@ -403,7 +398,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
-    kv.store_offsets(p, c, tiles, n - kStages, tid, page_ahead);  // into tile n's table (issued)
   }
 
 

@@ -342,7 +342,9 @@ void run_paging(const KVCase& c) {
   contiguous.page_size = 0;
   const KVImpl base = run_impl(contiguous, p);
   check_against_oracle(contiguous, p, base);
-  for (int page : {1, 16, 256}) {
+  // Page sizes below, at and past the 16-row step between a CUDA thread's copy rows (3, 16,
+  // 40: lookup_paged_rows walks them in whole pages plus rows), and the extremes.
+  for (int page : {1, 3, 16, 40, 256}) {
     for (bool shuffled : {true, false}) {
       if (!shuffled && page != 16) continue;
       // without cache_seqlens every paged row is valid: capacities must then fill pages
