@@ -212,11 +212,11 @@ __device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const Ct
   }
 }
 
-// Whether K/V tiles are gathered through the page table: never in a kernel compiled for
-// contiguous K/V only (Traits::kPagedKv false), always in one launched for paged K/V only.
+// Whether K/V tiles are gathered through the page table (Traits::kKvLayouts).
 template <class Traits>
 __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
-  return Traits::kPagedKv && (Traits::kPagedKvOnly || p.block_table != nullptr);
+  if constexpr (Traits::kKvLayouts == KvLayouts::either) return p.block_table != nullptr;
+  return Traits::kKvLayouts == KvLayouts::paged;
 }
 
 // Paged K/V, decode: first thing in the CTA, prefetches into the L2 the page-table row of its

@@ -11,6 +11,9 @@
 namespace flashattn {
 namespace cuda {
 
+// The K/V cache layouts a kernel is compiled to read (TileTraitsBase::kKvLayouts).
+enum class KvLayouts { either, contiguous, paged };
+
 // ---- tile shape per head dim ---------------------------------------------------------------
 //
 // FlashAttention-2's Hopper (non-sm8x) choices for its SM80 mainloop. kBlockN must divide
@@ -117,12 +120,9 @@ struct TileTraitsBase {
   // The CTA's geometry (fwd_kernel.h CtaInfo), re-read from smem inside the mainloop.
   static constexpr int kSmemCtaInfoBytes = 128;
   static constexpr int kDefaultSmemLimit = 48 * 1024;
-  // Whether the kernel may read a paged K/V cache (p.block_table); a kernel compiled for
-  // contiguous K/V only drops the page-table code (SplitKeysTileConfig's deep pipeline).
-  static constexpr bool kPagedKv = true;
-  // Whether the kernel is launched for paged K/V only (SplitKeysTileConfig's kPaged), so that
-  // it needs no contiguous K/V path.
-  static constexpr bool kPagedKvOnly = false;
+  // The K/V layouts the kernel is compiled for: either (p.block_table decides at run time), or
+  // one only, which drops the other's code (SplitKeysTileConfig).
+  static constexpr KvLayouts kKvLayouts = KvLayouts::either;
   // Whether the K/V copies ask the L2 to evict their lines first (SplitKeysTraits).
   static constexpr bool kKvEvictFirst = false;
 };
@@ -172,7 +172,7 @@ struct SplitKeysTileConfig {
   // page-table code, its registers and instructions out of their mainloop (measured: a kernel
   // serving both spilled, and contiguous calls on it lost 2-3% at batch 32 x 1k; docs/PERF.md,
   // session 10). The deep pipeline serves contiguous K/V only (make_plan).
-  static constexpr bool kPagedKv = kPaged;
+  static constexpr KvLayouts kKvLayouts = kPaged ? KvLayouts::paged : KvLayouts::contiguous;
   static_assert(!(kDeep && kPaged), "the deep pipeline reads contiguous K/V");
   // kSplitDims: the warps split the head dim instead of the keys, at d = 64 and 128 (16 and 32
   // columns of O per warp; d = 192's 48 do not tile the swizzled V layout). Every warp computes
@@ -192,8 +192,7 @@ struct SplitKeysTraits
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
-  static constexpr bool kPagedKv = Config::kPagedKv;
-  static constexpr bool kPagedKvOnly = Config::kPagedKv;
+  static constexpr KvLayouts kKvLayouts = Config::kKvLayouts;
   static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
   // The split-dims kernels copy K/V evict-first, so that their lines replace each other rather
   // than other data in the L2: measured (docs/PERF.md, session 5 runs 2-4), decode calls whose
