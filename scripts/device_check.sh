@@ -88,6 +88,8 @@ stage_sanitize() {
     "--kvcache --paged --page-size 16 --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
     "--kvcache --paged --page-size 3 --batch 3 --seqlen-q 1 --seqlen-k 500 --heads 8 --kv-heads 2 --head-dim 64"
     "--kvcache --paged --page-size 40 --batch 2 --seqlen-q 1 --seqlen-k 400 --heads 8 --kv-heads 8 --head-dim 256"
+    "--kvcache --splits 1 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
+    "--kvcache --paged --page-size 16 --splits 2 --batch 2 --seqlen-q 1 --seqlen-k 2000 --heads 8 --kv-heads 2 --head-dim 128"
   )
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do
