@@ -31,24 +31,34 @@ struct SeqInfo {
   int kv_batch;        // batch index into the (contiguous) cache
 };
 
-FA_HD SeqInfo seq_info(const AttnParams& p, int b) {
+// seq_info with every length read through read(array, index) (cuda/persistent_decode_kernel.h
+// stages the reads of a later unit in shared memory with it). Which arrays are read, and in
+// what order, depends only on which are set, never on a value read: at most kSeqInfoReads.
+constexpr int kSeqInfoReads = 8;
+template <class Read>
+FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read) {
   SeqInfo s;
-  s.q_row_offset = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
-  s.seqlen_q = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : p.seqlen_q;
-  s.leftpad = p.leftpad_k ? p.leftpad_k[b] : 0;
-  s.k_row_offset = (p.cu_seqlens_k && !p.block_table) ? p.cu_seqlens_k[b] : 0;
+  s.q_row_offset = p.cu_seqlens_q ? read(p.cu_seqlens_q, b) : 0;
+  s.seqlen_q = p.cu_seqlens_q ? read(p.cu_seqlens_q, b + 1) - int(s.q_row_offset) : p.seqlen_q;
+  s.leftpad = p.leftpad_k ? read(p.leftpad_k, b) : 0;
+  s.k_row_offset = (p.cu_seqlens_k && !p.block_table) ? read(p.cu_seqlens_k, b) : 0;
   int keys_end;  // absolute position one past the last key
   if (p.seqused_k) {
-    keys_end = p.seqused_k[b] + p.seqused_k_added;
+    keys_end = read(p.seqused_k, b) + p.seqused_k_added;
   } else if (p.cu_seqlens_k) {
-    keys_end = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    const int keys_first = read(p.cu_seqlens_k, b);  // one read per statement: a fixed order
+    keys_end = read(p.cu_seqlens_k, b + 1) - keys_first;
   } else {
     keys_end = p.seqlen_k;
   }
   s.seqlen_k = keys_end - s.leftpad;
   if (s.seqlen_k < 0) s.seqlen_k = 0;
-  s.kv_batch = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+  s.kv_batch = p.cache_batch_idx ? read(p.cache_batch_idx, b) : b;
   return s;
+}
+
+FA_HD SeqInfo seq_info(const AttnParams& p, int b) {
+  return seq_info_read(p, b, [](const int* array, int i) { return array[i]; });
 }
 
 // Paged K/V: the page holding key j (0-based visible key) of sequence b.
@@ -203,6 +213,38 @@ inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) 
   const int64_t key_tiles = seqlen_k > 0 ? (int64_t(seqlen_k) + unit - 1) / unit : 1;
   const int64_t tiles_per_split = (key_tiles + num_splits - 1) / num_splits;
   return tiles_per_split <= kSplitDimsMaxTiles;
+}
+
+// CUDA: the CTAs of an unsplit decode-tile call on a persistent grid (cuda/persistent_decode_kernel.h:
+// each CTA walks several units with one K/V pipeline through them), or 0 for the default
+// kernel's grid of one CTA per unit. default_slots and persistent_slots: the CTAs of each kernel
+// resident at once. The default grid runs in waves of default_slots CTAs; the persistent grid
+// has persistent_slots CTAs (fewer, with more stages each) taking units in turn, in rounds.
+// automatic: the persistent grid where the default needs more than one wave and the persistent
+// grid's rounds are fuller than the default's waves by at least kPersistentDecodeMinFillGain
+// (measured, docs/PERF.md session 12, H200 d = 128, 396 default and 264 persistent slots:
+// batch 64 x 1k, fills 0.65 -> 0.97, 7.5% faster; batch 128 x 1k and 4k, 0.86 -> 0.97, level
+// and 1.4% slower, the persistent kernel streaming long walks a little slower).
+// always (FLASHATTN_PERSISTENT_DECODE=always, for the tests): about three units per CTA
+// whatever the grid, at most persistent_slots CTAs.
+enum class PersistentDecode { automatic, off, always };
+constexpr double kPersistentDecodeMinFillGain = 0.2;
+// The share of slots x waves (or rounds) that units fill.
+inline double wave_fill(int64_t units, int64_t slots) {
+  const int64_t waves = (units + slots - 1) / slots;
+  return double(units) / double(waves * slots);
+}
+inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int64_t persistent_slots,
+                                      PersistentDecode mode) {
+  if (mode == PersistentDecode::off || units <= 0 || default_slots <= 0 || persistent_slots <= 0) return 0;
+  if (mode == PersistentDecode::always) {
+    const int64_t ctas = (units + 2) / 3;
+    return ctas < persistent_slots ? ctas : persistent_slots;
+  }
+  if (units <= default_slots) return 0;  // one wave: every unit runs at once either way
+  const bool fuller =
+      wave_fill(units, persistent_slots) >= wave_fill(units, default_slots) + kPersistentDecodeMinFillGain;
+  return fuller ? (units < persistent_slots ? units : persistent_slots) : 0;
 }
 
 // CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head

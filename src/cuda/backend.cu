@@ -217,6 +217,34 @@ bool cluster_fits(const void* kernel, int device_index, int cluster_size, int th
   return cache.emplace(key, fits).first->second;
 }
 
+int resident_ctas(const void* kernel, int device_index, int threads, int smem_bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device_index);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int per_sm = 0;
+  constexpr int kDefaultSmemLimit = 48 * 1024;  // above it a kernel must be allowed more, as for a launch
+  const bool allowed = smem_bytes <= kDefaultSmemLimit ||
+                       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) ==
+                           cudaSuccess;
+  if (!allowed ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem_bytes)) !=
+          cudaSuccess) {
+    per_sm = 0;
+    cudaGetLastError();  // no sticky error: the caller launches one CTA per unit instead
+  }
+  return cache.emplace(key, per_sm * device_info(device_index).sms).first->second;
+}
+
+PersistentDecode persistent_decode_env() {
+  static const PersistentDecode forced = env_is("FLASHATTN_PERSISTENT_DECODE", "off")      ? PersistentDecode::off
+                                         : env_is("FLASHATTN_PERSISTENT_DECODE", "always") ? PersistentDecode::always
+                                                                                            : PersistentDecode::automatic;
+  return forced;
+}
+
 int deep_decode_sms(int device_index, DType dtype, int head_dim) {
 #if defined(FLASHATTN_HAS_SM90A)
   static const bool disabled = env_is("FLASHATTN_NO_DEEP_DECODE", "1");

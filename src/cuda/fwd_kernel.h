@@ -59,7 +59,13 @@ __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* gmem_sr
 template <L2Hint kHint = L2Hint::none>
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
   cp_async_16_to<kHint>(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, valid);
+}// 4-byte global->shared async copy (one int: persistent_decode_kernel.h stages lengths so).
+__device__ __forceinline__ void cp_async_4(int* smem_dst, const int* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
+               "l"(gmem_src));
 }
+
 // Lets the grid launched after this one as a programmatic dependent (the split-KV combine,
 // combine.cu) be scheduled now: its blocks wait in griddepcontrol.wait until this grid has
 // finished and its writes are visible, so the trigger can come first. Issued at the start, the
@@ -437,18 +443,23 @@ __device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaIn
 
 // The CTA's (batch, head, first row) from its block index; false when this query tile lies
 // past the end of its sequence (varlen: shorter than max_seqlen_q).
+// The batch and heads of unit (batch x heads, or batch x KV heads with pack_gqa).
+__device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, CtaInfo& c) {
+  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  c.b = int(unsigned(unit) / unsigned(heads));
+  c.head = unit - c.b * heads;
+  c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
+  c.hk = p.pack_gqa ? c.head : int(unsigned(c.head) / unsigned(heads_per_kv_head(p)));
+}
+
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
   // The decode tile (one query tile per unit) is always launched unit by unit.
   const bool heavy_first = kBlockM != kQueryTileRowsDecode && p.heavy_tiles_first;
   const int unit = heavy_first ? blockIdx.x : blockIdx.z;
   const int m_block = heavy_first ? blockIdx.z : blockIdx.x;
   const int m_blocks = heavy_first ? gridDim.z : gridDim.x;
-  c.b = int(unsigned(unit) / unsigned(heads));
-  c.head = unit - c.b * heads;
-  c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
-  c.hk = p.pack_gqa ? c.head : int(unsigned(c.head) / unsigned(heads_per_kv_head(p)));
+  set_unit_heads(p, unit, c);
   c.seq = seq_info(p, c.b);
   c.rows = c.seq.seqlen_q * c.g;
   // Heavy (late, causal) query tiles first: better tail balance.

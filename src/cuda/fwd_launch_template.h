@@ -9,6 +9,7 @@
 
 #include "common/rules.h"
 #include "cuda/fwd_kernel.h"
+#include "cuda/persistent_decode_kernel.h"
 #include "cuda/splitkeys_kernel.h"
 #include "cuda/wgmma_kernel.h"
 #include "cuda/kernel_traits.h"
@@ -106,6 +107,34 @@ void launch_wgmma(const AttnParams& params, cudaStream_t stream) {
 }
 #endif
 
+// The decode tile on a persistent grid (persistent_decode_kernel.h, Traits) instead of the
+// default kernel's (Default) where rules.h persistent_decode_ctas gives it CTAs; false
+// (nothing launched) where the call is not one it serves: split, or packed GQA rows of several
+// queries (not equally spaced in Q).
+template <class Traits, class Default>
+bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
+  if (p.num_splits != 1 || (p.pack_gqa && p.seqlen_q != 1)) return false;
+  const PersistentDecode mode = persistent_decode_env();
+  if (mode == PersistentDecode::off) return false;
+  const auto kernel = &fwd::persistent_decode_kernel<Traits>;
+  constexpr int kSmem = fwd::persistent_decode_smem_bytes<Traits>();
+  static_assert(kSmem <= Traits::Config::kMaxSmemBytes, "fits the per-block shared memory limit");
+  const auto default_kernel = &fwd::splitkeys_kernel<Default>;
+  const int64_t units = int64_t(p.batch) * (p.pack_gqa ? p.num_heads_k : p.num_heads);
+  const int64_t ctas = persistent_decode_ctas(
+      units,
+      resident_ctas(reinterpret_cast<const void*>(default_kernel), p.device_index, Default::kNThreads,
+                    Default::kSmemBytes),
+      resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem), mode);
+  if (ctas == 0) return false;
+  AttnParams kp = p;
+  kp.heavy_tiles_first = false;
+  kp.cluster_combine = false;
+  kernel<<<static_cast<unsigned>(ctas), Traits::kNThreads, kSmem, stream>>>(kp);
+  check_launch("flashattn persistent_decode_kernel");
+  return true;
+}
+
 // The decode tile's kernel on the pipeline kDeep, for paged K/V or contiguous (kPaged), its
 // warps splitting the head dim where rules.h decode_warps_split_dims says so and the head dim
 // allows, else the keys.
@@ -120,6 +149,10 @@ void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char*
     }
   }
   using KeysSplit = SplitKeysTraits<Element, kHeadDim, kDeep, false, kPaged>;
+  if constexpr (!kDeep && !kPaged && (kHeadDim == 64 || kHeadDim == 128)) {
+    using Persistent = SplitKeysTraits<Element, kHeadDim, false, false, false, true>;
+    if (launch_persistent_decode<Persistent, KeysSplit>(params, stream)) return;
+  }
   launch_fwd<KeysSplit>(params, stream, &fwd::splitkeys_kernel<KeysSplit>, name);
 }
 

@@ -162,11 +162,17 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 // Deep (kDeep, d <= 128, sm_90's shared memory): 5 stages (four tiles in flight) at one CTA per
 // SM, for few CTAs with short key walks, where the default pipeline leaves the memory system
 // waiting (make_plan's rule; docs/PERF.md, session 3).
-template <int kHeadDim, bool kDeep, bool kSplitDims, bool kPaged>
+// Persistent (kPersistent, d = 64 and 128; persistent_decode_kernel.h: each CTA walks several
+// units with one pipeline through them, where that fills the waves better, rules.h
+// persistent_decode_ctas): 3 stages (two tiles in flight) at 2 CTAs per SM. At the default's 2
+// stages and 3 CTAs per SM its producer's and consumer's state spilled 176 bytes to local
+// memory, which the L1 left beside the shared memory could not hold: 18% slower at batch 128 x
+// 1k (docs/PERF.md, session 12).
+template <int kHeadDim, bool kDeep, bool kSplitDims, bool kPaged, bool kPersistent = false>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  static constexpr int kStages = kDeep ? 5 : 2;
-  static constexpr int kMinBlocksPerSm = kDeep ? 1 : kHeadDim <= 128 ? 3 : 1;
+  static constexpr int kStages = kDeep ? 5 : kPersistent ? 3 : 2;
+  static constexpr int kMinBlocksPerSm = kDeep ? 1 : kPersistent ? 2 : kHeadDim <= 128 ? 3 : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
   // kPaged: compiled for paged K/V (PagedRows) and for it only; the contiguous kernels keep the
   // page-table code, its registers and instructions out of their mainloop (measured: a kernel
@@ -181,14 +187,17 @@ struct SplitKeysTileConfig {
   // (three barriers and ~200 instructions of a one-tile CTA's ~1,400, docs/PERF.md session 5).
   static constexpr bool kWarpsSplitDims = kSplitDims && (kHeadDim == 64 || kHeadDim == 128);
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
+  static_assert(!kPersistent || (!kDeep && !kSplitDims && !kPaged && kHeadDim <= 128),
+                "persistent: the default keys-split kernel");
 };
 
-template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false, bool kPaged = false>
+template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false, bool kPaged = false,
+          bool kPersistent = false>
 struct SplitKeysTraits
     : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockM,
                      SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockN,
                      SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kNWarps> {
-  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>;
+  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged, kPersistent>;
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "common/params.h"
+#include "common/rules.h"
 
 namespace flashattn {
 namespace cuda {
@@ -59,6 +60,16 @@ struct ClusterLaunch {
 // Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
 // device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.
 bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes);
+
+// The CTAs of kernel (threads, dynamic smem) resident on the device at once: SMs x
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor (0 if the query fails), after allowing the
+// kernel that much dynamic shared memory. Cached per kernel and device (the device current).
+int resident_ctas(const void* kernel, int device_index, int threads, int smem_bytes);
+
+// FLASHATTN_PERSISTENT_DECODE=off|always forces the decode tile's persistent grid off, or on
+// for every call it serves (rules.h persistent_decode_ctas); unset, automatic. For testing and
+// timing both grids on one GPU.
+PersistentDecode persistent_decode_env();
 
 // FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 forces that wgmma tile where it is compiled
 // (fwd_launch_template.h launch_wgmma picks otherwise); for timing the tiles on one GPU.

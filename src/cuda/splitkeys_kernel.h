@@ -142,17 +142,44 @@ __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const Ct
   }
 }
 
+// Where the warps' fp32 O slabs (16 rows x d each) of the merge lie in shared memory.
+// Padded: one buffer of kNWarps slabs, rows padded by 8 floats against bank conflicts, laid
+// over all the K/V buffers (splitkeys_kernel).
+template <class Traits>
+struct PaddedMergeO {
+  float* base;
+  __device__ __forceinline__ float* at(int warp, int r, int col) const {
+    return base + (warp * Traits::kBlockM + r) * Traits::kMergeRowFloats + col;
+  }
+};
+// One K/V stage (persistent_decode_kernel.h, whose other stage holds the next unit's first
+// tile): the first half of the warps' slabs over the stage's K tile, the second over its V
+// tile, rows unpadded with their 8-float chunks permuted per row (chunk ^ row % 8) against
+// bank conflicts. A float2 at an even column, or a float4 at a multiple of 4, stays whole.
+template <class Traits>
+struct StageMergeO {
+  static constexpr int kHalf = Traits::kNWarps / 2;
+  static constexpr int kSlabFloats = Traits::kBlockM * Traits::kHeadDim;
+  static_assert(Traits::kHeadDim % 64 == 0, "whole groups of eight 8-float chunks per row");
+  static_assert(kHalf * kSlabFloats * int(sizeof(float)) <= Traits::kSmemKVBytes, "half the slabs fit a K tile");
+  float* k;  // the stage's K tile
+  float* v;  // the stage's V tile
+  __device__ __forceinline__ float* at(int warp, int r, int col) const {
+    float* slab = (warp < kHalf ? k : v) + (warp % kHalf) * kSlabFloats;
+    return slab + r * Traits::kHeadDim + (col ^ ((r % 8) * 8));
+  }
+};
+
 // The end of a CTA whose warps split the keys: per row the max M and sum L over the warps,
-// O = sum_w O_w e^(m_w - M) / L, merged through shared memory (merge_o laid over the K/V
-// buffers, which every warp is done with); then O (or the split's fp32 partials, global or,
-// with cluster_combine, the SplitPartial part: warp 0's slab of merge_o, each element
+// O = sum_w O_w e^(m_w - M) / L, merged through shared memory (merge_o: the K/V buffers, which
+// every warp is done with); then O (or the split's fp32 partials, global or, with
+// cluster_combine, the SplitPartial part: warp 0's slab of a PaddedMergeO, each element
 // rewritten by the one thread that summed it) with 16-byte stores, and LSE.
-template <class Traits, class AccO, int kRows>
+template <class Traits, class MergeO, class AccO, int kRows>
 __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const CtaInfo& c, int split,
                                                       AccO& acc_o, const float (&row_max)[kRows],
                                                       const float (&row_sum)[kRows], const ScoreScale& sc,
-                                                      float* merge_max, float* merge_sum,
-                                                      float* merge_o,  // [kNWarps][16][kRowFloats]
+                                                      float* merge_max, float* merge_sum, const MergeO& merge_o,
                                                       const SplitPartial& part, const int64_t* o_off,
                                                       int tid) {
   using Element = typename Traits::Element;
@@ -203,11 +230,11 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
     const float factor = (row_max[i] == -INFINITY || row.sum <= 0.0f)
                              ? 0.0f
                              : exp2f((row_max[i] - row.max) * sc.scale_log2) / row.sum;
-    float* dst = merge_o + (warp * kBlockM + r) * kRowFloats;
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
       const int col = get<1>(tOcO_rc(i, d));
-      *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
+      *reinterpret_cast<float2*>(merge_o.at(warp, r, col)) =
+          make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
     }
   }
   __syncthreads();
@@ -223,7 +250,7 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
     CUTE_UNROLL
     for (int w = 0; w < kNWarps; ++w) {
-      const float* src = merge_o + (w * kBlockM + r) * kRowFloats + col;
+      const float* src = merge_o.at(w, r, col);
       const float4 lo = *reinterpret_cast<const float4*>(src);
       const float4 hi = *reinterpret_cast<const float4*>(src + 4);
       acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
@@ -411,7 +438,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   } else {
     __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
     merge_warps_and_store<Traits>(p, c, split, acc_o, row_max, row_sum, sc, merge_max, merge_sum,
-                                  reinterpret_cast<float*>(smem_k), part, o_off, tid);
+                                  PaddedMergeO<Traits>{reinterpret_cast<float*>(smem_k)}, part, o_off, tid);
   }
   if (p.cluster_combine) combine_in_cluster<Traits>(p, c, part, o_off, tid);
 }
