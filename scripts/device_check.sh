@@ -94,6 +94,7 @@ stage_sanitize() {
     "--kvcache --splits 1 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
     "--kvcache --paged --page-size 16 --splits 2 --batch 2 --seqlen-q 1 --seqlen-k 2000 --heads 8 --kv-heads 2 --head-dim 128"
     "--kvcache --batch 66 --seqlen-q 1 --seqlen-k 200 --heads 32 --kv-heads 8 --head-dim 128"
+    "--kvcache --paged --page-size 16 --batch 66 --seqlen-q 1 --seqlen-k 300 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
     "--kvcache --batch 34 --seqlen-q 2 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 2 --rotary interleaved"
   )
   for tool in memcheck racecheck; do

@@ -149,8 +149,8 @@ void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char*
     }
   }
   using KeysSplit = SplitKeysTraits<Element, kHeadDim, kDeep, false, kPaged>;
-  if constexpr (!kDeep && !kPaged && (kHeadDim == 64 || kHeadDim == 128)) {
-    using Persistent = SplitKeysTraits<Element, kHeadDim, false, false, false, true>;
+  if constexpr (!kDeep && (kHeadDim == 64 || kHeadDim == 128)) {
+    using Persistent = SplitKeysTraits<Element, kHeadDim, false, false, kPaged, true>;
     if (launch_persistent_decode<Persistent, KeysSplit>(params, stream)) return;
   }
   launch_fwd<KeysSplit>(params, stream, &fwd::splitkeys_kernel<KeysSplit>, name);

@@ -187,7 +187,7 @@ struct SplitKeysTileConfig {
   // (three barriers and ~200 instructions of a one-tile CTA's ~1,400, docs/PERF.md session 5).
   static constexpr bool kWarpsSplitDims = kSplitDims && (kHeadDim == 64 || kHeadDim == 128);
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
-  static_assert(!kPersistent || (!kDeep && !kSplitDims && !kPaged && kHeadDim <= 128),
+  static_assert(!kPersistent || (!kDeep && !kSplitDims && kHeadDim <= 128),
                 "persistent: the default keys-split kernel");
 };
 

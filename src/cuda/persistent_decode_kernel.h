@@ -19,8 +19,9 @@
 // being computed), so at most kStages - 1 units ahead: Q, the unit's geometry and its lengths
 // have a ring of kStages slots by unit.
 //
-// Served (launch_persistent_decode): the default keys-split pipeline's calls on contiguous K/V,
-// unsplit, d = 64 and 128, with Q rows equally spaced in Q (fwd_kernel.h q_tile_rows).
+// Served (launch_persistent_decode): the default keys-split pipeline's calls, contiguous or
+// paged K/V (one instance each), unsplit, d = 64 and 128, with Q rows equally spaced in Q
+// (fwd_kernel.h q_tile_rows).
 #pragma once
 
 #include "cuda/splitkeys_kernel.h"
@@ -67,8 +68,9 @@ __device__ __forceinline__ int ring_next(int slot) {
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     persistent_decode_kernel(const __grid_constant__ AttnParams p) {
-  static_assert(!Traits::kWarpsSplitDims && Traits::kKvLayouts == KvLayouts::contiguous,
-                "the keys-split kernel on contiguous K/V");
+  static_assert(!Traits::kWarpsSplitDims && Traits::kKvLayouts != KvLayouts::either,
+                "the keys-split kernel, compiled for contiguous or paged K/V");
+  constexpr bool kPaged = Traits::kKvLayouts == KvLayouts::paged;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -110,6 +112,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int units = p.batch * heads;
   const int stride = gridDim.x;
   auto batch_of = [&](int unit) { return int(unsigned(unit) / unsigned(heads)); };
+  // Paged K/V: the page-table row of unit's sequence into the L2 (one line per thread), so that
+  // the first page reads of the unit are L2 hits.
+  auto prefetch_pages = [&](int unit) {
+    if (!kPaged || unit >= units || p.block_table_pages <= 0) return;
+    constexpr int kPagesPerLine = 128 / sizeof(int);
+    const int* row = p.block_table + batch_of(unit) * p.block_table_batch_stride;
+    for (int line = tid; line <= p.block_table_pages / kPagesPerLine; line += Traits::kNThreads) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + min(line * kPagesPerLine, p.block_table_pages - 1)));
+    }
+  };
   auto stage_lengths = [&](int unit, int slot) {
     if (tid != 0 || unit >= units) return;
     int* dst = staged_lengths + slot * kSeqInfoReads;
@@ -148,9 +160,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if (tid == 0) unit_smem[slot_p] = started;
     unit_p += stride;
     stage_lengths(unit_p, ring_next<kStages>(slot_p));  // that slot's unit has been computed
+    prefetch_pages(unit_p);
     staged_item = items_issued;
     return true;
   };
+  // Paged K/V: the pages of the producer's next tile, read (into registers, in flight through
+  // the consumer's math) right after the tile before it was issued, within a unit; at a unit's
+  // first tile they are read as it is issued.
+  PagedRows<Traits> rows_next{};
+  bool rows_ready = false;
   const Element* q_base = static_cast<const Element*>(p.q);
   // The producer's next item of unit pu into its stage (the unit's Q first, at its first tile).
   auto issue_item = [&](const DecodeUnit& pu) {
@@ -163,13 +181,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       }
       auto k_stage = kv.k_tile(stage_p);
       auto v_stage = kv.v_tile(stage_p);
-      load_kv<Traits, false>(p, pu.c, nullptr, n_p, k_stage, tid);
-      load_kv<Traits, true>(p, pu.c, nullptr, n_p, v_stage, tid);
+      if constexpr (kPaged) {
+        const PagedRows<Traits> rows = rows_ready ? rows_next : lookup_paged_rows<Traits>(p, pu.c, n_p, tid);
+        load_paged_rows<Traits, false>(p, pu.c, rows, k_stage, tid);
+        load_paged_rows<Traits, true>(p, pu.c, rows, v_stage, tid);
+      } else {
+        load_kv<Traits, false>(p, pu.c, nullptr, n_p, k_stage, tid);
+        load_kv<Traits, true>(p, pu.c, nullptr, n_p, v_stage, tid);
+      }
     }
     --n_p;
     --items_left_p;
     ++items_issued;
     stage_p = ring_next<kStages>(stage_p);
+    if constexpr (kPaged) {
+      rows_ready = items_left_p > 0 && pu.tiles.hi > pu.tiles.lo;
+      if (rows_ready) rows_next = lookup_paged_rows<Traits>(p, pu.c, n_p, tid);
+    }
   };
   bool producing = true;
   // Issues the next item as one commit group, empty when nothing is left. A unit started at an
