@@ -222,28 +222,32 @@ inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) 
 // has persistent_slots CTAs (fewer, with more stages each) taking units in turn, in rounds.
 // automatic: the persistent grid where the default needs more than one wave and the persistent
 // grid's rounds are fuller than the default's waves by at least kPersistentDecodeMinFillGain
-// (measured, docs/PERF.md session 12, H200 d = 128, 396 default and 264 persistent slots:
-// batch 64 x 1k, fills 0.65 -> 0.97, 7.5% faster; batch 128 x 1k and 4k, 0.86 -> 0.97, level
-// and 1.4% slower, the persistent kernel streaming long walks a little slower).
+// (contiguous K/V) or kPersistentDecodeMinFillGainPaged. Measured (docs/PERF.md session 12, H200
+// d = 128, 396 default and 264 persistent slots): batch 50-64 x 1k-4k, fills 0.51-0.65 ->
+// 0.76-0.97, 2-10% faster, contiguous and page 16; batch 128, 0.86 -> 0.97: contiguous 5.5%
+// faster on one kind of H200 (where the default grid runs 7-8% behind cuDNN) and within 1.4%
+// either way on the other, page 16 4.5-6.8% slower on the other kind; batch 96, 0.97 -> 0.97,
+// 1.5% slower.
 // always (FLASHATTN_PERSISTENT_DECODE=always, for the tests): about three units per CTA
 // whatever the grid, at most persistent_slots CTAs.
 enum class PersistentDecode { automatic, off, always };
-constexpr double kPersistentDecodeMinFillGain = 0.2;
+constexpr double kPersistentDecodeMinFillGain = 0.1;
+constexpr double kPersistentDecodeMinFillGainPaged = 0.2;
 // The share of slots x waves (or rounds) that units fill.
 inline double wave_fill(int64_t units, int64_t slots) {
   const int64_t waves = (units + slots - 1) / slots;
   return double(units) / double(waves * slots);
 }
 inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int64_t persistent_slots,
-                                      PersistentDecode mode) {
+                                      PersistentDecode mode, bool paged) {
   if (mode == PersistentDecode::off || units <= 0 || default_slots <= 0 || persistent_slots <= 0) return 0;
   if (mode == PersistentDecode::always) {
     const int64_t ctas = (units + 2) / 3;
     return ctas < persistent_slots ? ctas : persistent_slots;
   }
   if (units <= default_slots) return 0;  // one wave: every unit runs at once either way
-  const bool fuller =
-      wave_fill(units, persistent_slots) >= wave_fill(units, default_slots) + kPersistentDecodeMinFillGain;
+  const double min_gain = paged ? kPersistentDecodeMinFillGainPaged : kPersistentDecodeMinFillGain;
+  const bool fuller = wave_fill(units, persistent_slots) >= wave_fill(units, default_slots) + min_gain;
   return fuller ? (units < persistent_slots ? units : persistent_slots) : 0;
 }
 

@@ -125,7 +125,8 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
       units,
       resident_ctas(reinterpret_cast<const void*>(default_kernel), p.device_index, Default::kNThreads,
                     Default::kSmemBytes),
-      resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem), mode);
+      resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem), mode,
+      Traits::kKvLayouts == KvLayouts::paged);
   if (ctas == 0) return false;
   AttnParams kp = p;
   kp.heavy_tiles_first = false;

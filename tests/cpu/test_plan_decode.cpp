@@ -140,26 +140,37 @@ TEST(SplitDimsRule, ShortSplitWalksOnly) {
 }  // namespace
 
 // rules.h persistent_decode_ctas: the persistent grid only where the default grid needs more
-// than one wave and the persistent grid's rounds are clearly fuller; always: about three units
-// per CTA. H200, d = 128: 396 default slots (3 per SM), 264 persistent slots (2 per SM).
+// than one wave and the persistent grid's rounds are clearly fuller (paged: more so); always:
+// about three units per CTA. H200, d = 128: 396 default slots (3 per SM), 264 persistent slots
+// (2 per SM).
 TEST(PersistentDecodeRule, WhereItsRoundsAreFullerThanTheDefaultWaves) {
   using flashattn::PersistentDecode;
   using flashattn::persistent_decode_ctas;
   using flashattn::wave_fill;
   constexpr auto kAuto = PersistentDecode::automatic;
+  auto contiguous = [](int64_t units, int64_t d, int64_t s, PersistentDecode m) {
+    return persistent_decode_ctas(units, d, s, m, /*paged=*/false);
+  };
+  auto paged = [](int64_t units, int64_t d, int64_t s, PersistentDecode m) {
+    return persistent_decode_ctas(units, d, s, m, /*paged=*/true);
+  };
   EXPECT_DOUBLE_EQ(wave_fill(512, 396), 512.0 / 792.0);
   EXPECT_DOUBLE_EQ(wave_fill(396, 396), 1.0);
-  EXPECT_EQ(persistent_decode_ctas(512, 396, 264, kAuto), 264);   // batch 64 x 8 KV heads: 0.65 -> 0.97
-  EXPECT_EQ(persistent_decode_ctas(400, 396, 264, kAuto), 264);   // 0.51 -> 0.76
-  EXPECT_EQ(persistent_decode_ctas(1024, 396, 264, kAuto), 0);    // batch 128: 0.86 -> 0.97, not enough
-  EXPECT_EQ(persistent_decode_ctas(768, 396, 264, kAuto), 0);     // 0.97 -> 0.97
-  EXPECT_EQ(persistent_decode_ctas(396, 396, 264, kAuto), 0);     // one wave
-  EXPECT_EQ(persistent_decode_ctas(256, 396, 264, kAuto), 0);
-  EXPECT_EQ(persistent_decode_ctas(512, 396, 264, PersistentDecode::off), 0);
-  EXPECT_EQ(persistent_decode_ctas(7, 396, 264, PersistentDecode::always), 3);
-  EXPECT_EQ(persistent_decode_ctas(1, 396, 264, PersistentDecode::always), 1);
-  EXPECT_EQ(persistent_decode_ctas(3000, 396, 264, PersistentDecode::always), 264);
-  EXPECT_EQ(persistent_decode_ctas(0, 396, 264, PersistentDecode::always), 0);
-  EXPECT_EQ(persistent_decode_ctas(512, 0, 264, kAuto), 0);       // an occupancy query failed
-  EXPECT_EQ(persistent_decode_ctas(512, 396, 0, kAuto), 0);
+  EXPECT_EQ(contiguous(512, 396, 264, kAuto), 264);   // batch 64 x 8 KV heads: 0.65 -> 0.97
+  EXPECT_EQ(paged(512, 396, 264, kAuto), 264);
+  EXPECT_EQ(contiguous(400, 396, 264, kAuto), 264);   // 0.51 -> 0.76
+  EXPECT_EQ(contiguous(1024, 396, 264, kAuto), 264);  // batch 128: 0.86 -> 0.97
+  EXPECT_EQ(paged(1024, 396, 264, kAuto), 0);         // not enough for paged K/V
+  EXPECT_EQ(contiguous(768, 396, 264, kAuto), 0);     // batch 96: 0.97 -> 0.97
+  EXPECT_EQ(contiguous(800, 396, 264, kAuto), 0);     // 0.67 -> 0.76: not enough
+  EXPECT_EQ(contiguous(396, 396, 264, kAuto), 0);     // one wave
+  EXPECT_EQ(contiguous(256, 396, 264, kAuto), 0);
+  EXPECT_EQ(contiguous(512, 396, 264, PersistentDecode::off), 0);
+  EXPECT_EQ(contiguous(7, 396, 264, PersistentDecode::always), 3);
+  EXPECT_EQ(paged(7, 396, 264, PersistentDecode::always), 3);
+  EXPECT_EQ(contiguous(1, 396, 264, PersistentDecode::always), 1);
+  EXPECT_EQ(contiguous(3000, 396, 264, PersistentDecode::always), 264);
+  EXPECT_EQ(contiguous(0, 396, 264, PersistentDecode::always), 0);
+  EXPECT_EQ(contiguous(512, 0, 264, kAuto), 0);       // an occupancy query failed
+  EXPECT_EQ(contiguous(512, 396, 0, kAuto), 0);
 }
