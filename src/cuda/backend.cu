@@ -225,10 +225,9 @@ int resident_ctas(const void* kernel, int device_index, int threads, int smem_by
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int per_sm = 0;
-  constexpr int kDefaultSmemLimit = 48 * 1024;  // above it a kernel must be allowed more, as for a launch
-  const bool allowed = smem_bytes <= kDefaultSmemLimit ||
-                       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) ==
-                           cudaSuccess;
+  // Allowed that much dynamic shared memory first, as before a launch (needed above 48 KB).
+  const bool allowed =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) == cudaSuccess;
   if (!allowed ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem_bytes)) !=
           cudaSuccess) {

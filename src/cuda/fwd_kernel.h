@@ -59,7 +59,8 @@ __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* gmem_sr
 template <L2Hint kHint = L2Hint::none>
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
   cp_async_16_to<kHint>(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, valid);
-}// 4-byte global->shared async copy (one int: persistent_decode_kernel.h stages lengths so).
+}
+// 4-byte global->shared async copy (one int: persistent_decode_kernel.h stages lengths so).
 __device__ __forceinline__ void cp_async_4(int* smem_dst, const int* gmem_src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
                    static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
@@ -441,8 +442,6 @@ __device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaIn
 
 // ---- per-CTA setup and per-tile steps shared by both kernels ----------------------------
 
-// The CTA's (batch, head, first row) from its block index; false when this query tile lies
-// past the end of its sequence (varlen: shorter than max_seqlen_q).
 // The batch and heads of unit (batch x heads, or batch x KV heads with pack_gqa).
 __device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, CtaInfo& c) {
   const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
@@ -452,6 +451,8 @@ __device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, Ct
   c.hk = p.pack_gqa ? c.head : int(unsigned(c.head) / unsigned(heads_per_kv_head(p)));
 }
 
+// The CTA's (batch, head, first row) from its block index; false when this query tile lies
+// past the end of its sequence (varlen: shorter than max_seqlen_q).
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   // The decode tile (one query tile per unit) is always launched unit by unit.
