@@ -16,6 +16,9 @@
 //               K (or V) tile, no L2 promotion
 //   tma_sw128_p256   the same with the tensor map's 256-byte L2 promotion
 //   tma_flat    one 64 x 128-element box per K (or V) tile, no swizzle, no L2 promotion
+// Then, per point, the start and the walk of the decode kernels (plain copies): each CTA reading
+// its sequence's length before its first copy, and the tiles walked from the last down; and the
+// same grids reading whole key rows (consecutive bytes) instead of one head's.
 //
 //   nvcc -O3 -arch=sm_90a -std=c++17 -o stream_probe bench/stream_probe.cu && ./stream_probe
 #include <cuda.h>
@@ -84,6 +87,8 @@ struct Grid {
   int64_t row_stride;  // bytes between a head's consecutive rows
   int64_t batch_stride;
   int rows, splits, heads_k;
+  const int* lengths;  // per batch, read before the first copy when set (the decode kernels' start)
+  bool descending;     // tiles walked from the last down, as the decode kernels walk them
 };
 
 // CTA (split, batch * heads_k + hk): its split's tiles of K and V, kStages - 1 tiles in flight
@@ -93,7 +98,8 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, const __grid_c
   extern __shared__ __align__(1024) char smem[];
   const int tid = threadIdx.x;
   const int b = blockIdx.y / g.heads_k, hk = blockIdx.y % g.heads_k;
-  const int tiles = g.rows / kTileRows;
+  const int rows = g.lengths != nullptr ? min(g.rows, __ldg(g.lengths + b)) : g.rows;
+  const int tiles = rows / kTileRows;
   const int per_split = (tiles + g.splits - 1) / g.splits;
   const int lo = blockIdx.x * per_split, hi = min(tiles, lo + per_split);
   const int64_t base = b * g.batch_stride + hk * kRowBytes;
@@ -139,7 +145,8 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, const __grid_c
       const uint32_t stage = smem0 + (t % kStages) * 2 * kTileBytes;
       for (int i = 0; i < kChunksPerThread; ++i) {
         const int c = tid + i * kThreads, row = c / (kRowBytes / 16), col = (c % (kRowBytes / 16)) * 16;
-        const int64_t off = base + int64_t(t * kTileRows + row) * g.row_stride + col;
+        const int tile = g.descending ? lo + hi - 1 - t : t;
+        const int64_t off = base + int64_t(tile * kTileRows + row) * g.row_stride + col;
         copy16<kHint>(stage + c * 16, g.k + off);
         copy16<kHint>(stage + kTileBytes + c * 16, g.v + off);
       }
@@ -259,27 +266,51 @@ int main() {
   check(cudaMalloc(&v, kv_bytes), "malloc v");
   check(cudaMalloc(&flush_buf, kFlushBytes), "malloc flush");
   check(cudaMalloc(&sink, sizeof(int)), "malloc sink");
+  int* lengths;
+  check(cudaMalloc(&lengths, 1024 * sizeof(int)), "malloc lengths");
   cudaMemset(k, 1, kv_bytes);
   cudaMemset(v, 2, kv_bytes);
   const double bytes = 2.0 * kv_bytes;
-  struct Point {
-    int batch, rows, splits;
-  };
   // The benchmark's 128k-token points with the plan's splits: 8 x 16k (4 splits) and 32 x 4k
-  // (unsplit) are both 256 CTAs of 64 tiles; 128 x 1k is 1,024 CTAs of 16 tiles.
-  for (const Point pt : {Point{8, 16384, 4}, Point{128, 1024, 1}, Point{8, 16384, 6}}) {
-    Grid g{k, v, int64_t(kHeadsK) * kRowBytes, int64_t(pt.rows) * kHeadsK * kRowBytes, pt.rows, pt.splits, kHeadsK};
+  // (unsplit) are both 256 CTAs of 64 tiles; 128 x 1k is 1,024 CTAs of 16 tiles. The same grids
+  // also read whole key rows (all KV heads' 2 KB, heads_k 1 over rows x 8 rows of 256 bytes):
+  // each tile is then 16 KB of consecutive bytes, what a CTA covering every KV head of a batch
+  // would read, against 64 rows of 256 bytes 2 KB apart.
+  struct Point {
+    int batch, rows, splits, heads_k;
+  };
+  const Point points[] = {{8, 16384, 4, kHeadsK}, {128, 1024, 1, kHeadsK}, {32, 4096, 1, kHeadsK},
+                          {8, 16384 * kHeadsK, 4 * kHeadsK, 1}, {128, 1024 * kHeadsK, kHeadsK, 1}};
+  for (const Point pt : points) {
+    const int64_t row_stride = int64_t(pt.heads_k) * kRowBytes;
+    Grid g{k, v, row_stride, int64_t(pt.rows) * row_stride, pt.rows, pt.splits, pt.heads_k, nullptr, false};
     const int64_t total_rows = int64_t(pt.batch) * pt.rows;
+    const int hk = pt.heads_k;
     const TmaMaps maps[3] = {
-        {make_map(k, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_NONE),
-         make_map(v, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_NONE)},
-        {make_map(k, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
-         make_map(v, total_rows, kHeadsK, true, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)},
-        {make_map(k, total_rows, kHeadsK, false, CU_TENSOR_MAP_L2_PROMOTION_NONE),
-         make_map(v, total_rows, kHeadsK, false, CU_TENSOR_MAP_L2_PROMOTION_NONE)}};
+        {make_map(k, total_rows, hk, true, CU_TENSOR_MAP_L2_PROMOTION_NONE),
+         make_map(v, total_rows, hk, true, CU_TENSOR_MAP_L2_PROMOTION_NONE)},
+        {make_map(k, total_rows, hk, true, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+         make_map(v, total_rows, hk, true, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)},
+        {make_map(k, total_rows, hk, false, CU_TENSOR_MAP_L2_PROMOTION_NONE),
+         make_map(v, total_rows, hk, false, CU_TENSOR_MAP_L2_PROMOTION_NONE)}};
+    std::printf("-- heads_k %d (%s)\n", hk, hk == 1 ? "whole key rows, consecutive bytes" : "one head's rows");
     run_hints<2>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 3);  // the default pipeline
     run_hints<3>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 2);
     run_hints<5>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 1);  // the deep pipeline's stages
+    if (hk == 1) continue;
+    // Each CTA reads its sequence's length (flushed out of the L2 like everything else) before
+    // its first copy, as the decode kernels do: what that dependent read costs the stream.
+    std::vector<int> host_lengths(pt.batch, pt.rows);
+    check(cudaMemcpy(lengths, host_lengths.data(), pt.batch * sizeof(int), cudaMemcpyHostToDevice), "lengths");
+    Grid with_length = g, descending = g;
+    with_length.lengths = lengths;
+    descending.descending = true;
+    for (const Grid& gg : {g, with_length, descending}) {
+      const char* what = gg.descending ? "descending tiles" : gg.lengths != nullptr ? "length read first" : "no length read";
+      std::printf("%4d x %-6d %-18s 2 stages x 3 CTAs/SM dirty %7.1f us   3 x 2 dirty %7.1f us\n", pt.batch, pt.rows,
+                  what, median_us<plain, 2>(gg, maps[0], pt.batch, true, flush_buf, kFlushBytes, sink, 3),
+                  median_us<plain, 3>(gg, maps[0], pt.batch, true, flush_buf, kFlushBytes, sink, 2));
+    }
   }
   return 0;
 }
