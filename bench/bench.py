@@ -249,7 +249,7 @@ def main():
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128])
     ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 16384, 65536])
     ap.add_argument("--page-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 16, 1])
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=5,
                     help="decode: each call timed this many times in turn, its best median kept")
     ap.add_argument("--out", help="JSON file for the raw records")
     ap.add_argument("--plot", help="PNG file")

@@ -76,7 +76,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
   constexpr int kNWarps = Traits::kNWarps;
-  constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -217,40 +216,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     __syncthreads();
   }
 
-  // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
-  typename Traits::TiledMma tiled_mma;
-  auto thr_mma = tiled_mma.get_thread_slice(lane);
-  auto warp_k = [&](int stage) {
-    return local_tile(kv.k_tile(stage), typename Traits::WarpKeys{}, make_coord(warp, 0));
-  };
-  auto warp_vt = [&](int stage) {
-    return local_tile(kv.vt_tile(stage), typename Traits::WarpKeysT{}, make_coord(0, warp));
-  };
-  Tensor tSrQ = thr_mma.partition_fragment_A(q_buffer(0));
-  Tensor tSrK = thr_mma.partition_fragment_B(warp_k(0));
-  Tensor tOrVt = thr_mma.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutVtWarpNoSwizzle{}));
-  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{});
-
-  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(lane);
-  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(lane);
-  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
-  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(lane);
-  // Slot 0's partitions; slot s is the same partition shifted by s whole buffers (a multiple
-  // of the swizzle period, so the swizzled offsets are unchanged).
-  Tensor tSsQ0 = smem_thr_copy_q.partition_S(q_buffer(0));
-  Tensor tSsK0 = smem_thr_copy_k.partition_S(warp_k(0));
-  Tensor tOsVt0 = smem_thr_copy_v.partition_S(warp_vt(0));
-
-  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
-  Tensor tScS = thr_mma.partition_C(cS);
-  Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
-  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-
+  // ---- this warp's MMA partitions and softmax state (slot 0's Q buffer; slot s is s buffers on)
+  auto math = make_warp_tile_math<Traits>(kv, q_buffer(0), warp, lane);
   const ScoreScale sc(p);
-  float row_max[kRows], row_sum[kRows];
 
   // ---- the consumer: the unit being computed (unit_smem[slot]) and the stage of its item
   int n = 0, items_left = 0, slot = kStages - 1, stage = 0, items_done = 0;
@@ -263,46 +231,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if (unit_start) {
       n = u.tiles.hi - 1;
       items_left = unit_items(u.tiles);
-      clear(acc_o);
-      start_softmax_rows(row_max, row_sum);
+      math.start();
     }
     produce();  // into the stage computed last
     const bool any_tile = u.tiles.hi > u.tiles.lo;
     if (unit_start) {
       compute_q_o_offsets<Traits>(p, u.c, q_off, o_off, tid);  // o_off: read by the merge's store
-      if (any_tile) {  // Q landed with the unit's first tile: keep it in registers
-        Tensor tSsQ = make_tensor(tSsQ0.data() + slot * kQElems, tSsQ0.layout());
-        Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
-        copy(smem_copy_q, tSsQ, tSrQ_view);
-      }
+      if (any_tile) math.load_q(slot * kQElems);  // Q landed with the unit's first tile: keep it in registers
     }
-    if (any_tile) {
-      Tensor tSsK = make_tensor(tSsK0.data() + stage * kKVElems, tSsK0.layout());
-      Tensor tOsVt = make_tensor(tOsVt0.data() + stage * kKVElems, tOsVt0.layout());
-      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
-      clear(acc_s);
-      gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_k, smem_thr_copy_k);
-
-      Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
-      const int key0 = n * kBlockN + warp * kKeysPerWarp;
-      const bool need_mask =
-          !(key0 >= u.tiles.mask_free_lo && key0 + kKeysPerWarp <= u.tiles.mask_free_hi);
-      apply_score_rules(p, u.c, sc, s, tScS_rc, key0, need_mask);
-
-      Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
-      online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, row_max, row_sum, sc.scale_log2);
-
-      Tensor rP = convert_fragment<Element>(acc_s);
-      Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
-      gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
-    }
+    if (any_tile) math.step(p, u.c, u.tiles, sc, n, stage);
     --n;
     --items_left;
     ++items_done;
     if (items_left == 0) {  // the unit's last item: merge in its stage, store O and LSE
       const StageMergeO<Traits> merge_o{reinterpret_cast<float*>(smem_k + stage * kKVElems),
                                         reinterpret_cast<float*>(smem_v + stage * kKVElems)};
-      merge_warps_and_store<Traits>(p, u.c, /*split=*/0, acc_o, row_max, row_sum, sc, merge_max, merge_sum,
+      merge_warps_and_store<Traits>(p, u.c, /*split=*/0, math.acc_o, math.row_max, math.row_sum, sc, merge_max, merge_sum,
                                     merge_o, SplitPartial{nullptr, nullptr}, o_off, tid);
     }
     stage = ring_next<kStages>(stage);

@@ -288,6 +288,111 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
   }
 }
 
+// This warp's share of a decode tile's math, as splitkeys_kernel and persistent_decode_kernel
+// run it: the MMA partitions of Q (16 x d, held in registers once loaded), of the warp's keys of
+// a K/V stage (or, splitting the head dim, of all the keys and its columns of O), O and the
+// rows' online-softmax state; per tile (step): S = Q K_w^T, the score rules, the softmax step,
+// O_w += P V_w. Stage s's partitions are stage 0's shifted by s whole K/V buffers, and a Q
+// buffer's are the first one's shifted likewise (whole swizzle periods, so the swizzled offsets
+// are unchanged). A local type: its members' types are those of the partitions made here.
+template <class Traits, class SmemQ>
+__device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, const SmemQ& sQ, int warp,
+                                                    int lane) {
+  using Element = typename Traits::Element;
+  constexpr bool kSplitDims = Traits::kWarpsSplitDims;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
+  constexpr int kKVElems = KvStages<Traits>::kElems;
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(lane);
+  // (keys, d): this warp's keys, or all of them; (dims, keys): this warp's keys, or its O columns
+  auto warp_k = local_tile(kv.k_tile(0), typename Traits::WarpKeys{}, make_coord(kSplitDims ? 0 : warp, 0));
+  auto warp_vt = local_tile(kv.vt_tile(0), typename Traits::WarpKeysT{},
+                            kSplitDims ? make_coord(warp, 0) : make_coord(0, warp));
+  auto copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto thr_copy_q = copy_q.get_thread_slice(lane);
+  auto thr_copy_k = copy_k.get_thread_slice(lane);
+  auto thr_copy_v = copy_v.get_thread_slice(lane);
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kKeysPerWarp>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+
+  struct WarpTileMath {
+    decltype(tiled_mma) mma;
+    decltype(copy_q) copy_q;
+    decltype(copy_k) copy_k;
+    decltype(copy_v) copy_v;
+    decltype(thr_copy_q) thr_copy_q;
+    decltype(thr_copy_k) thr_copy_k;
+    decltype(thr_copy_v) thr_copy_v;
+    decltype(thr_copy_q.partition_S(sQ)) tSsQ0;                       // Q (the first buffer)
+    decltype(thr_copy_k.partition_S(warp_k)) tSsK0;                   // K, stage 0
+    decltype(thr_copy_v.partition_S(warp_vt)) tOsVt0;                 // V, stage 0
+    decltype(thr_mma.partition_fragment_A(sQ)) tSrQ;                  // (MMA, MMA_M, MMA_K)
+    decltype(thr_mma.partition_fragment_B(warp_k)) tSrK;
+    decltype(thr_mma.partition_fragment_B(make_tensor(
+        make_smem_ptr(kv.v), typename Traits::SmemLayoutVtWarpNoSwizzle{}))) tOrVt;
+    decltype(partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{})) acc_o;
+    decltype(tScS_rc) tScS_rc;
+    int warp;
+    float row_max[kRows], row_sum[kRows];
+
+    // A new run of tiles: O = 0, no row seen.
+    __device__ __forceinline__ void start() {
+      clear(acc_o);
+      start_softmax_rows(row_max, row_sum);
+    }
+    // Q (landed in shared memory, q_elems past the first buffer) into registers.
+    __device__ __forceinline__ void load_q(int q_elems) {
+      Tensor tSsQ = make_tensor(tSsQ0.data() + q_elems, tSsQ0.layout());
+      Tensor tSrQ_view = thr_copy_q.retile_D(tSrQ);
+      copy(copy_q, tSsQ, tSrQ_view);
+    }
+    // Key tile n (of the walk tiles) in K/V stage `stage`.
+    __device__ __forceinline__ void step(const AttnParams& p, const CtaInfo& c, const CtaKeyTiles& tiles,
+                                         const ScoreScale& sc, int n, int stage) {
+      Tensor tSsK = make_tensor(tSsK0.data() + stage * kKVElems, tSsK0.layout());
+      Tensor tOsVt = make_tensor(tOsVt0.data() + stage * kKVElems, tOsVt0.layout());
+      Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
+      clear(acc_s);
+      gemm_rs(acc_s, tSrQ, tSrK, tSsK, mma, copy_k, thr_copy_k);
+
+      Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
+      const int key0 = n * Traits::kBlockN + (kSplitDims ? 0 : warp * kKeysPerWarp);
+      const bool need_mask = !(key0 >= tiles.mask_free_lo && key0 + kKeysPerWarp <= tiles.mask_free_hi);
+      apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
+
+      Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
+      online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, row_max, row_sum, sc.scale_log2);
+
+      Tensor rP = convert_fragment<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
+      gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, copy_v, thr_copy_v);
+    }
+  };
+  return WarpTileMath{tiled_mma,
+                      copy_q,
+                      copy_k,
+                      copy_v,
+                      thr_copy_q,
+                      thr_copy_k,
+                      thr_copy_v,
+                      thr_copy_q.partition_S(sQ),
+                      thr_copy_k.partition_S(warp_k),
+                      thr_copy_v.partition_S(warp_vt),
+                      thr_mma.partition_fragment_A(sQ),
+                      thr_mma.partition_fragment_B(warp_k),
+                      thr_mma.partition_fragment_B(
+                          make_tensor(make_smem_ptr(kv.v), typename Traits::SmemLayoutVtWarpNoSwizzle{})),
+                      partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{}),
+                      tScS_rc,
+                      warp,
+                      {},
+                      {}};
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     splitkeys_kernel(const __grid_constant__ AttnParams p) {
@@ -298,7 +403,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
   constexpr int kNWarps = Traits::kNWarps;
-  constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -355,44 +459,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     issue_first_tiles();
   }
 
-  // ---- this warp's MMA partitions: Q (16 x d) against its keys of each tile
-  typename Traits::TiledMma tiled_mma;
-  auto thr_mma = tiled_mma.get_thread_slice(lane);
+  // ---- this warp's MMA partitions and softmax state
   constexpr bool kSplitDims = Traits::kWarpsSplitDims;
-  auto warp_k = [&](int stage) {  // (keys, d): this warp's keys, or all of them
-    return local_tile(kv.k_tile(stage), typename Traits::WarpKeys{}, make_coord(kSplitDims ? 0 : warp, 0));
-  };
-  auto warp_vt = [&](int stage) {  // (dims, keys): this warp's keys, or its O columns
-    return local_tile(kv.vt_tile(stage), typename Traits::WarpKeysT{},
-                      kSplitDims ? make_coord(warp, 0) : make_coord(0, warp));
-  };
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
-  Tensor tSrK = thr_mma.partition_fragment_B(warp_k(0));
-  Tensor tOrVt = thr_mma.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutVtWarpNoSwizzle{}));
-  constexpr int kDimsPerWarp = Traits::kDimsPerWarp;
-  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kDimsPerWarp>>{});
-  clear(acc_o);
-
-  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(lane);
-  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(lane);
-  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
-  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(lane);
-  // Stage 0's partitions; stage s is the same partition shifted by s whole K/V buffers (a
-  // multiple of the swizzle period, so the swizzled offsets are unchanged).
-  Tensor tSsK0 = smem_thr_copy_k.partition_S(warp_k(0));
-  Tensor tOsVt0 = smem_thr_copy_v.partition_S(warp_vt(0));
-
-  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
-  Tensor tScS = thr_mma.partition_C(cS);
-  Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
-  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-
+  auto math = make_warp_tile_math<Traits>(kv, sQ, warp, lane);
+  math.start();
   const ScoreScale sc(p);
-  float row_max[kRows], row_sum[kRows];
-  start_softmax_rows(row_max, row_sum);
 
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
@@ -401,32 +472,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile n landed; every warp is done with tile n+1's stage
     issue_tile(n - (kStages - 1), rows_ahead);  // into tile n+1's stage
-    if (n == tiles.hi - 1) {              // Q landed with the first tile: keep it in registers
-      Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
-      Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
-      copy(smem_copy_q, tSsQ, tSrQ_view);
-    }
-    const int stage = unsigned(n) % kStages;  // n >= tiles.lo >= 0
-    Tensor tSsK = make_tensor(tSsK0.data() + stage * kKVElems, tSsK0.layout());
-    Tensor tOsVt = make_tensor(tOsVt0.data() + stage * kKVElems, tOsVt0.layout());
-
-    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});
-    clear(acc_s);
-    gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_k, smem_thr_copy_k);
-
-    Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
-    const int key0 = n * kBlockN + (kSplitDims ? 0 : warp * kKeysPerWarp);
-    const bool need_mask = !(key0 >= tiles.mask_free_lo && key0 + kKeysPerWarp <= tiles.mask_free_hi);
-    apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
-
-    Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
-    online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, row_max, row_sum, sc.scale_log2);
-
-    Tensor rP = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
-    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v, smem_thr_copy_v);
+    if (n == tiles.hi - 1) math.load_q(0);  // Q landed with the first tile: keep it in registers
+    math.step(p, c, tiles, sc, n, /*stage=*/unsigned(n) % kStages);  // n >= tiles.lo >= 0
   }
-
 
   cp_async_wait<0>();
   // With cluster_combine the split's result stays here: O over the K/V buffers, LSE after the
@@ -434,10 +482,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const SplitPartial part{reinterpret_cast<float*>(smem_k), merge_sum + kNWarps * kBlockM};
   if constexpr (kSplitDims) {
     if (p.cluster_combine) __syncthreads();  // every warp is done with the K/V buffers part.o overlays
-    store_warp_columns<Traits>(p, c, split, acc_o, row_max, row_sum, sc, part, warp, lane);
+    store_warp_columns<Traits>(p, c, split, math.acc_o, math.row_max, math.row_sum, sc, part, warp, lane);
   } else {
     __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
-    merge_warps_and_store<Traits>(p, c, split, acc_o, row_max, row_sum, sc, merge_max, merge_sum,
+    merge_warps_and_store<Traits>(p, c, split, math.acc_o, math.row_max, math.row_sum, sc, merge_max, merge_sum,
                                   PaddedMergeO<Traits>{reinterpret_cast<float*>(smem_k)}, part, o_off, tid);
   }
   if (p.cluster_combine) combine_in_cluster<Traits>(p, c, part, o_off, tid);
