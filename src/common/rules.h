@@ -233,6 +233,11 @@ inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) 
 enum class PersistentDecode { automatic, off, always };
 constexpr double kPersistentDecodeMinFillGain = 0.1;
 constexpr double kPersistentDecodeMinFillGainPaged = 0.2;
+// Where the persistent grid's last round would be at most this full, its units are spread over
+// fewer CTAs so that every round is full (measured, docs/PERF.md session 13 run 14: batch 50 x
+// 1k, 400 units, 264 -> 200 CTAs, 3.5% faster; 1,024 and 512 units, last rounds 0.88 and 0.94
+// full, 264 -> 256 CTAs: level to 0.7% slower).
+constexpr double kPersistentDecodeBalanceBelow = 0.75;
 // The share of slots x waves (or rounds) that units fill.
 inline double wave_fill(int64_t units, int64_t slots) {
   const int64_t waves = (units + slots - 1) / slots;
@@ -248,7 +253,15 @@ inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int6
   if (units <= default_slots) return 0;  // one wave: every unit runs at once either way
   const double min_gain = paged ? kPersistentDecodeMinFillGainPaged : kPersistentDecodeMinFillGain;
   const bool fuller = wave_fill(units, persistent_slots) >= wave_fill(units, default_slots) + min_gain;
-  return fuller ? (units < persistent_slots ? units : persistent_slots) : 0;
+  if (!fuller) return 0;
+  // A last round at most kPersistentDecodeBalanceBelow full: as many rounds over as few CTAs as
+  // take the units in them, every CTA walking the same number of units within one.
+  const int64_t rounds = (units + persistent_slots - 1) / persistent_slots;
+  const int64_t last_round = units - (rounds - 1) * persistent_slots;
+  if (double(last_round) > kPersistentDecodeBalanceBelow * double(persistent_slots)) {
+    return units < persistent_slots ? units : persistent_slots;
+  }
+  return (units + rounds - 1) / rounds;
 }
 
 // CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head

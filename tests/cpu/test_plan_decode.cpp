@@ -158,8 +158,10 @@ TEST(PersistentDecodeRule, WhereItsRoundsAreFullerThanTheDefaultWaves) {
   EXPECT_DOUBLE_EQ(wave_fill(396, 396), 1.0);
   EXPECT_EQ(contiguous(512, 396, 264, kAuto), 264);   // batch 64 x 8 KV heads: 0.65 -> 0.97
   EXPECT_EQ(paged(512, 396, 264, kAuto), 264);
-  EXPECT_EQ(contiguous(400, 396, 264, kAuto), 264);   // 0.51 -> 0.76
-  EXPECT_EQ(contiguous(1024, 396, 264, kAuto), 264);  // batch 128: 0.86 -> 0.97
+  EXPECT_EQ(contiguous(400, 396, 264, kAuto), 200);   // 0.51 -> 0.76; a last round of 136 of 264: balanced
+  EXPECT_EQ(contiguous(1024, 396, 264, kAuto), 264);  // batch 128: 0.86 -> 0.97 (last round 232 of 264)
+  EXPECT_EQ(contiguous(450, 396, 264, kAuto), 225);   // a last round of 186 of 264: two rounds of 225
+  EXPECT_EQ(contiguous(1000, 396, 264, kAuto), 264);  // a last round of 208 of 264 (0.79): kept
   EXPECT_EQ(paged(1024, 396, 264, kAuto), 0);         // not enough for paged K/V
   EXPECT_EQ(contiguous(768, 396, 264, kAuto), 0);     // batch 96: 0.97 -> 0.97
   EXPECT_EQ(contiguous(800, 396, 264, kAuto), 0);     // 0.67 -> 0.76: not enough
