@@ -8,6 +8,10 @@ timings of single calls.
 
     python3 bench/l2_state.py --points 8x16384 32x4096 128x1024 1x1024 8x1024
 
+--read-floor also times torch.sum over an int64 buffer of the point's K/V bytes after the same
+flush: PyTorch's reduction kernel, a plain streaming read of as many bytes (8 per element, so
+its arithmetic stays light), timed as the decode calls are.
+
 --splits 0 2 4 also times our call with those explicit split counts (0: the heuristic's, which
 prints as "ours"; FA2 and cuDNN are timed once per flush). --rounds N measures the list of points
 N times over, in turn (the spread between rounds is the run-to-run noise of one process).
@@ -46,13 +50,15 @@ def main():
     ap.add_argument("--flushes", nargs="+", choices=["dirty", "clean"], default=["dirty", "clean"])
     ap.add_argument("--splits", nargs="+", type=int, default=[0])
     ap.add_argument("--rounds", type=int, default=1, help="times each point is measured, in turn")
+    ap.add_argument("--read-floor", action="store_true",
+                    help="also time torch.sum over an int64 buffer of the point's K/V bytes (a plain read)")
     ap.add_argument("--page-size", type=int, default=0,
                     help="our calls read the same K/V through a shuffled page table of this page size")
     args = ap.parse_args()
     warm_up_gpu()
     warm_up_timing()
     buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    all_flushes = {"dirty": lambda: buf.zero_(), "clean": lambda: buf.sum()}
+    all_flushes = {"dirty": lambda: buf.zero_(), "clean": lambda: buf.sum(dtype=torch.int32)}
     flushes = {name: all_flushes[name] for name in args.flushes}
     print(f"{'point':>10} {'flush':>6} {'ours us':>8} {'FA2 us':>8} {'cuDNN us':>8} {'ours TB/s':>9} {'cuDNN TB/s':>10}")
     for point in [p for _ in range(args.rounds) for p in args.points]:
@@ -82,6 +88,12 @@ def main():
                 t_cudnn = median_us(sdpa, flush)
             print(f"{point:>10} {name:>6} {t_ours:8.1f} {t_fa2:8.1f} {t_cudnn:8.1f} "
                   f"{nbytes / t_ours / 1e6:9.2f} {nbytes / t_cudnn / 1e6:10.2f}", flush=True)
+            if args.read_floor:
+                floor_buf = torch.zeros(nbytes // 8, device="cuda", dtype=torch.int64)
+                t = median_us(lambda: floor_buf.sum(), flush)
+                print(f"{point:>10} {name:>6} {t:8.1f}  read floor (torch.sum over {nbytes / 1e6:.0f} MB), "
+                      f"{nbytes / t / 1e6:.2f} TB/s", flush=True)
+                del floor_buf
             for splits in (s for s in args.splits if s > 0):
                 planned, call = ours_with(splits)
                 t = median_us(call, flush)

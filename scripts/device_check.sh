@@ -9,6 +9,8 @@
 #   overhead  host time against GPU time of small decode calls (bench/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
 #   probe     bench/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
+#   dram      Nsight Compute's DRAM bytes and time of each decode call at the 128k-token points,
+#             after the benchmark's dirty flush and after a clean one (bench/decode_ncu.py; not default)
 # Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: all stages.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-out}"
@@ -39,15 +41,16 @@ status=0
 
 # The sweep runs twice on Hopper: with the wgmma kernel, the deep decode pipeline, the split
 # combine inside clusters and one CTA per decode unit (default at the sweep's sizes), then on the
-# mma.sync kernels, the default decode pipeline, the combine kernel alone and the persistent
-# decode grid for every call it serves (FLASHATTN_NO_WGMMA=1, FLASHATTN_NO_DEEP_DECODE=1,
-# FLASHATTN_NO_CLUSTER_COMBINE=1, FLASHATTN_PERSISTENT_DECODE=always), so that every path is
-# tested on the one GPU we have.
+# mma.sync kernels, the default decode pipeline, the combine kernel alone, the persistent
+# decode grid for every call it serves and the decode kernels launched without the programmatic
+# dependence (FLASHATTN_NO_WGMMA=1, FLASHATTN_NO_DEEP_DECODE=1, FLASHATTN_NO_CLUSTER_COMBINE=1,
+# FLASHATTN_PERSISTENT_DECODE=always, FLASHATTN_NO_PDL=1), so that every path is tested on the
+# one GPU we have.
 stage_test() {
   local rc=0
   "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
   rc=${PIPESTATUS[0]}
-  local second="FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1 FLASHATTN_PERSISTENT_DECODE=always"
+  local second="FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1 FLASHATTN_PERSISTENT_DECODE=always FLASHATTN_NO_PDL=1"
   echo "== $second" | tee -a "$OUT/tests-gpu.log"
   env $second "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
@@ -111,6 +114,19 @@ stage_sanitize() {
 stage_probe() {
   "$CARRY/stream_probe" | tee "$OUT/stream-probe.log"
   return "${PIPESTATUS[0]}"
+}
+
+# One ncu run per L2 state; the CSV and its per-call summary go to $OUT.
+stage_dram() {
+  local flush points="${DRAM_POINTS:-8x16384 32x4096 128x1024}" rc=0
+  for flush in dirty clean; do
+    ncu --profile-from-start off --cache-control none --clock-control none --csv --print-units base \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      python3 bench/decode_ncu.py --flash --flush "$flush" $points >"$OUT/dram-$flush.csv" 2>>"$OUT/dram.err" || rc=1
+    echo "== $flush flush"
+    python3 bench/decode_ncu.py --flash --summarize "$OUT/dram-$flush.csv" $points | tee -a "$OUT/dram.log"
+  done
+  return $rc
 }
 
 # BENCH="prefill decode" (default) picks the tables; BENCH_ARGS adds bench.py options.

@@ -201,6 +201,11 @@ bool may_combine_splits_in_cluster(const AttnParams& params) {
 #endif
 }
 
+bool may_launch_as_programmatic_dependent(int device_index) {
+  static const bool disabled = env_is("FLASHATTN_NO_PDL", "1");
+  return !disabled && device_info(device_index).cc_major >= 9;
+}
+
 bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes) {
   static std::mutex mutex;
   static std::map<std::tuple<const void*, int, int>, bool> cache;
@@ -208,8 +213,8 @@ bool cluster_fits(const void* kernel, int device_index, int cluster_size, int th
   const auto key = std::make_tuple(kernel, device_index, cluster_size);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const ClusterLaunch launch(dim3(1, static_cast<unsigned>(cluster_size), 1), threads, smem_bytes, nullptr,
-                            cluster_size);
+  KernelLaunch launch(dim3(1, static_cast<unsigned>(cluster_size), 1), threads, smem_bytes, nullptr);
+  launch.in_clusters_along_y(cluster_size);
   int clusters = 0;
   const bool fits =
       cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;

@@ -70,8 +70,10 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   kp.cluster_combine = Traits::kBlockM == kQueryTileRowsDecode && may_combine_splits_in_cluster(p) &&
                        cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, p.num_splits,
                                     Traits::kNThreads, kSmem);
-  if (kp.cluster_combine) {
-    const ClusterLaunch launch(grid, Traits::kNThreads, kSmem, stream, p.num_splits);
+  if constexpr (Traits::kBlockM == kQueryTileRowsDecode) {  // splitkeys_kernel
+    KernelLaunch launch(grid, Traits::kNThreads, kSmem, stream);
+    if (kp.cluster_combine) launch.in_clusters_along_y(p.num_splits);
+    if (may_launch_as_programmatic_dependent(p.device_index)) launch.as_programmatic_dependent();
     check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), name);
   } else {
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
@@ -131,7 +133,9 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   AttnParams kp = p;
   kp.heavy_tiles_first = false;
   kp.cluster_combine = false;
-  kernel<<<static_cast<unsigned>(ctas), Traits::kNThreads, kSmem, stream>>>(kp);
+  KernelLaunch launch(dim3(static_cast<unsigned>(ctas)), Traits::kNThreads, kSmem, stream);
+  if (may_launch_as_programmatic_dependent(p.device_index)) launch.as_programmatic_dependent();
+  check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), "flashattn persistent_decode_kernel");
   check_launch("flashattn persistent_decode_kernel");
   return true;
 }

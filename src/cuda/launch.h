@@ -35,27 +35,44 @@ bool device_has_wgmma(int device_index);
 // runs the sm_90a kernels, and FLASHATTN_NO_CLUSTER_COMBINE=1 unset (a switch for testing and
 // timing the combine kernel on Hopper).
 bool may_combine_splits_in_cluster(const AttnParams& params);
-// cudaLaunchKernelEx's configuration for grid in clusters of cluster_size CTAs along y (one
-// cluster per unit's splits: splitkeys_kernel.h combine_in_cluster). Not copyable: config
-// points at attribute.
-struct ClusterLaunch {
-  cudaLaunchAttribute attribute{};
+// cudaLaunchKernelEx's configuration of one launch, with the attributes a decode kernel may ask
+// for. Not copyable: config points at attributes.
+struct KernelLaunch {
+  cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};
-  ClusterLaunch(dim3 grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_size) {
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = 1;
-    attribute.val.clusterDim.y = static_cast<unsigned>(cluster_size);
-    attribute.val.clusterDim.z = 1;
+  KernelLaunch(dim3 grid, int threads, int smem_bytes, cudaStream_t stream) {
     config.gridDim = grid;
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
     config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    config.attrs = attributes;
+    config.numAttrs = 0;
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  // The grid in clusters of cluster_size CTAs along y (one cluster per unit's splits:
+  // splitkeys_kernel.h combine_in_cluster).
+  void in_clusters_along_y(int cluster_size) {
+    cudaLaunchAttribute& a = attributes[config.numAttrs++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = 1;
+    a.val.clusterDim.y = static_cast<unsigned>(cluster_size);
+    a.val.clusterDim.z = 1;
+  }
+  // A programmatic dependent of the kernel before it in the stream: its CTAs may become resident
+  // as that kernel's CTAs exit, and wait in griddepcontrol.wait (fwd_kernel.h
+  // wait_for_previous_grid) until its writes are visible.
+  void as_programmatic_dependent() {
+    cudaLaunchAttribute& a = attributes[config.numAttrs++];
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+  }
+  KernelLaunch(const KernelLaunch&) = delete;
+  KernelLaunch& operator=(const KernelLaunch&) = delete;
 };
+
+// Whether the decode kernels launch as programmatic dependents (KernelLaunch::
+// as_programmatic_dependent): compute capability 9.0 or newer, and FLASHATTN_NO_PDL=1 unset (a
+// switch for timing both launches on one GPU). Cached per device.
+bool may_launch_as_programmatic_dependent(int device_index);
 
 // Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
 // device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.

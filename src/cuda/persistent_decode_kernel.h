@@ -68,6 +68,7 @@ __device__ __forceinline__ int ring_next(int slot) {
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     persistent_decode_kernel(const __grid_constant__ AttnParams p) {
+  wait_for_previous_grid();
   static_assert(!Traits::kWarpsSplitDims && Traits::kKvLayouts != KvLayouts::either,
                 "the keys-split kernel, compiled for contiguous or paged K/V");
   constexpr bool kPaged = Traits::kKvLayouts == KvLayouts::paged;

@@ -397,6 +397,7 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     splitkeys_kernel(const __grid_constant__ AttnParams p) {
   allow_dependent_launch();
+  wait_for_previous_grid();
   prefetch_page_table_row<Traits>(p, threadIdx.x);
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
