@@ -20,6 +20,11 @@
 // its sequence's length before its first copy, and the tiles walked from the last down; and the
 // same grids reading whole key rows (consecutive bytes) instead of one head's.
 //
+// The dirty flush is a cudaMemsetAsync of 256 MB by default; `--kernel-flush` writes the zeros
+// with a kernel instead, as do_bench's `cache.zero_()` does, so that the probe is timed in the
+// benchmark's exact order (flush kernel, start event, kernel, stop event). `--plain` measures
+// only the plain copies of the one-head grids.
+//
 //   nvcc -O3 -arch=sm_90a -std=c++17 -o stream_probe bench/stream_probe.cu && ./stream_probe
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -28,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -164,6 +170,16 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, const __grid_c
   if (acc == 0x7fffffff) *sink = acc;  // keeps the shared-memory reads
 }
 
+// do_bench's flush: zeros written over the buffer by a kernel (what PyTorch's zero_() launches).
+__global__ void write_flush(int4* buf, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    buf[i] = make_int4(0, 0, 0, 0);
+  }
+}
+
+bool g_kernel_flush = false;  // --kernel-flush
+bool g_plain_only = false;    // --plain
+
 __global__ void read_flush(const int4* buf, int64_t n, int* sink) {
   int acc = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -192,7 +208,9 @@ float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char*
   cudaEventCreate(&stop);
   std::vector<float> times;
   for (int rep = 0; rep < 40; ++rep) {
-    if (dirty) {
+    if (dirty && g_kernel_flush) {
+      write_flush<<<1024, 256>>>(reinterpret_cast<int4*>(flush_buf), int64_t(flush_bytes / 16));
+    } else if (dirty) {
       check(cudaMemsetAsync(flush_buf, rep & 1, flush_bytes), "memset");
     } else {
       read_flush<<<1024, 256>>>(reinterpret_cast<const int4*>(flush_buf), int64_t(flush_bytes / 16), sink);
@@ -214,6 +232,7 @@ float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char*
 template <int kStages, int kHint = 0>
 void run_hints(const Grid& g, const TmaMaps (&maps)[3], int batch, double bytes, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
   if constexpr (kHint < kHints) {
+    if (g_plain_only && kHint != plain) return;
     const TmaMaps& m = maps[kHint == tma_flat ? 2 : kHint == tma_sw128_p256 ? 1 : 0];
     const float dirty = median_us<kHint, kStages>(g, m, batch, true, flush_buf, flush_bytes, sink, ctas_per_sm);
     const float clean = median_us<kHint, kStages>(g, m, batch, false, flush_buf, flush_bytes, sink, ctas_per_sm);
@@ -256,7 +275,18 @@ CUtensorMap make_map(const char* base, int64_t total_rows, int heads_k, bool swi
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--kernel-flush") {
+      g_kernel_flush = true;
+    } else if (arg == "--plain") {
+      g_plain_only = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--kernel-flush] [--plain]\n", argv[0]);
+      return 2;
+    }
+  }
   constexpr int kHeadsK = 8;
   constexpr size_t kFlushBytes = size_t(256) << 20;
   const size_t kv_bytes = size_t(128) * 1024 * kHeadsK * kRowBytes;  // 128k tokens of K (or V)
@@ -282,6 +312,7 @@ int main() {
   const Point points[] = {{8, 16384, 4, kHeadsK}, {128, 1024, 1, kHeadsK}, {32, 4096, 1, kHeadsK},
                           {8, 16384 * kHeadsK, 4 * kHeadsK, 1}, {128, 1024 * kHeadsK, kHeadsK, 1}};
   for (const Point pt : points) {
+    if (g_plain_only && pt.heads_k == 1) continue;
     const int64_t row_stride = int64_t(pt.heads_k) * kRowBytes;
     Grid g{k, v, row_stride, int64_t(pt.rows) * row_stride, pt.rows, pt.splits, pt.heads_k, nullptr, false};
     const int64_t total_rows = int64_t(pt.batch) * pt.rows;
@@ -297,7 +328,7 @@ int main() {
     run_hints<2>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 3);  // the default pipeline
     run_hints<3>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 2);
     run_hints<5>(g, maps, pt.batch, bytes, flush_buf, kFlushBytes, sink, 1);  // the deep pipeline's stages
-    if (hk == 1) continue;
+    if (hk == 1 || g_plain_only) continue;
     // Each CTA reads its sequence's length (flushed out of the L2 like everything else) before
     // its first copy, as the decode kernels do: what that dependent read costs the stream.
     std::vector<int> host_lengths(pt.batch, pt.rows);
