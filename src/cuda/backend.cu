@@ -178,7 +178,6 @@ bool env_is(const char* name, const char* value) {
 
 int num_sms(int device_index) { return device_info(device_index).sms; }
 
-int compute_capability_major(int device_index) { return device_info(device_index).cc_major; }
 
 bool device_has_wgmma(int device_index) {
   static const bool disabled = env_is("FLASHATTN_NO_WGMMA", "1");
@@ -201,9 +200,19 @@ bool may_combine_splits_in_cluster(const AttnParams& params) {
 #endif
 }
 
-bool may_launch_as_programmatic_dependent(int device_index) {
+bool may_launch_as_programmatic_dependent(const void* kernel, int device_index) {
   static const bool disabled = env_is("FLASHATTN_NO_PDL", "1");
-  return !disabled && device_info(device_index).cc_major >= 9;
+  if (disabled) return false;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, bool> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device_index);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attributes{};
+  const bool waits = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
+  cudaGetLastError();  // a refused query leaves no sticky error: the kernel launches plainly
+  return cache.emplace(key, waits).first->second;
 }
 
 bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes) {

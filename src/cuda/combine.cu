@@ -167,26 +167,15 @@ void launch_combine(const AttnParams& params, cudaStream_t stream) {
                                               " exceeds " + std::to_string(kMaxHeadDim));
   }
   const dim3 grid(static_cast<unsigned>(rows));
-  // On sm_90 the combine is a programmatic dependent launch: it is scheduled while the attention
-  // grid drains (its blocks wait in griddepcontrol.wait), which hides one launch latency per
-  // split decode call.
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (compute_capability_major(params.device_index) >= 9) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+  // On sm_90 the combine is a programmatic dependent launch (launch.h
+  // may_launch_as_programmatic_dependent): it is scheduled while the attention grid drains (its
+  // blocks wait in griddepcontrol.wait), which hides one launch latency per split decode call.
+  const auto kernel = vec4 ? &combine_kernel<Element, 4> : &combine_kernel<Element, 1>;
+  KernelLaunch launch(grid, kThreads, 0, stream);
+  if (may_launch_as_programmatic_dependent(reinterpret_cast<const void*>(kernel), params.device_index)) {
+    launch.as_programmatic_dependent();
   }
-  if (vec4) {
-    check_cuda(cudaLaunchKernelEx(&config, combine_kernel<Element, 4>, params), "cudaLaunchKernelEx(combine_kernel)");
-  } else {
-    check_cuda(cudaLaunchKernelEx(&config, combine_kernel<Element, 1>, params), "cudaLaunchKernelEx(combine_kernel)");
-  }
+  check_cuda(cudaLaunchKernelEx(&launch.config, kernel, params), "cudaLaunchKernelEx(combine_kernel)");
   check_launch("combine_kernel");
 }
 

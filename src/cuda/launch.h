@@ -22,9 +22,6 @@ void run_combine(const AttnParams& params, cudaStream_t stream);
 // Appends k_new/v_new into the cache with rotary, and rotates q into q_rot (src/cuda/append.cu).
 void run_append_kernel(const AppendParams& params, cudaStream_t stream);
 
-// The device's compute capability major version (cached per device).
-int compute_capability_major(int device_index);
-
 // True when the device runs the sm_90a kernels (compute capability 9.0) and the environment
 // does not set FLASHATTN_NO_WGMMA=1 (a switch for testing and timing the mma.sync kernels on
 // Hopper). Cached per device.
@@ -69,10 +66,12 @@ struct KernelLaunch {
   KernelLaunch& operator=(const KernelLaunch&) = delete;
 };
 
-// Whether the decode kernels launch as programmatic dependents (KernelLaunch::
-// as_programmatic_dependent): compute capability 9.0 or newer, and FLASHATTN_NO_PDL=1 unset (a
-// switch for timing both launches on one GPU). Cached per device.
-bool may_launch_as_programmatic_dependent(int device_index);
+// Whether kernel may launch as a programmatic dependent (KernelLaunch::
+// as_programmatic_dependent): the binary that runs on the current device was compiled from PTX
+// of sm_90 or newer (cudaFuncAttributes::ptxVersion), so that its griddepcontrol.wait is there
+// (sm_80 code, JIT-compiled for a newer GPU, has none), and FLASHATTN_NO_PDL=1 is unset (a switch
+// for timing and testing both launches on one GPU). Cached per kernel and device.
+bool may_launch_as_programmatic_dependent(const void* kernel, int device_index);
 
 // Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
 // device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.

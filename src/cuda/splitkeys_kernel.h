@@ -396,8 +396,11 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     splitkeys_kernel(const __grid_constant__ AttnParams p) {
-  allow_dependent_launch();
+  // The wait first: the combine grid this one lets in reads its inputs (the sequence lengths)
+  // before its own wait, so they must be final when it starts, even when the grid before this
+  // one wrote them.
   wait_for_previous_grid();
+  allow_dependent_launch();
   prefetch_page_table_row<Traits>(p, threadIdx.x);
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
