@@ -11,10 +11,13 @@
 
     python3 bench/launch_gap.py 1x1024 32x4096      (FLASHATTN_NO_PDL=1: without the
                                                      programmatic dependent launch)
+
+--append: our call also appends one new key and value per sequence (k_new, v_new) in place,
+which runs the append kernel before the attention.
 """
+import argparse
 import json
 import statistics
-import sys
 import tempfile
 
 import torch
@@ -110,14 +113,20 @@ def back_to_back(q, call):
 
 
 def main():
-    for point in sys.argv[1:] or ["1x1024", "32x4096"]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("points", nargs="*", default=["1x1024", "32x4096"], help="BATCHxCONTEXT")
+    ap.add_argument("--append", action="store_true", help="our call appends one key and value in place")
+    args = ap.parse_args()
+    for point in args.points:
         b, ctx = map(int, point.split("x"))
         q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, ctx, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+        seqlens = torch.full((b,), ctx - 1 if args.append else ctx, device="cuda", dtype=torch.int32)
+        new = dict(k=torch.randn(b, 1, HK, D, device="cuda", dtype=torch.bfloat16),
+                   v=torch.randn(b, 1, HK, D, device="cuda", dtype=torch.bfloat16)) if args.append else {}
 
         def ours():
-            flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)
+            flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, **new)
 
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

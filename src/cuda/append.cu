@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/rules.h"
+#include "cuda/grid_dependence.h"
 #include "cuda/launch.h"
 
 namespace flashattn {
@@ -91,6 +92,7 @@ __device__ __forceinline__ int cache_start(const AppendParams& p, int b) {
 
 template <typename Element, int kVec>
 __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) {
+  wait_for_previous_grid();  // launched as a programmatic dependent (launch_append)
   const int task = blockIdx.y;
   const int chunks = p.head_dim / kVec;
   const bool rotate = p.rotary_dim > 0;
@@ -171,7 +173,14 @@ void launch_append(const AppendParams& p, cudaStream_t stream) {
   int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > kMaxBlocksPerTask) blocks = kMaxBlocksPerTask;
   const dim3 grid(static_cast<unsigned>(blocks), kTasks);
-  append_kernel<Element, kVec><<<grid, kThreads, 0, stream>>>(p);
+  // On sm_90 a programmatic dependent of the kernel before it (which may have written k_new,
+  // v_new, q or the lengths): its blocks become resident as that grid drains and wait first.
+  const auto kernel = &append_kernel<Element, kVec>;
+  KernelLaunch launch(grid, kThreads, 0, stream);
+  if (may_launch_as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index)) {
+    launch.as_programmatic_dependent();
+  }
+  check_cuda(cudaLaunchKernelEx(&launch.config, kernel, p), "cudaLaunchKernelEx(append_kernel)");
   check_launch("append_kernel");
 }
 

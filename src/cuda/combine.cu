@@ -16,6 +16,7 @@
 
 #include "common/rules.h"
 #include "api/backend.h"
+#include "cuda/grid_dependence.h"
 #include "cuda/launch.h"
 
 namespace flashattn {
@@ -81,12 +82,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
   const int b = int(row / (int64_t(p.seqlen_q) * p.num_heads));
   const SeqInfo s = seq_info(p, b);  // sequence lengths: inputs, which the attention grid does not write
   if (i >= s.seqlen_q) return;  // varlen padding row: not ours to write (whole block exits)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (launch_combine): the row's
   // geometry above overlaps that grid; wait here until it has finished and its partials are
   // visible.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  wait_for_previous_grid();
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;

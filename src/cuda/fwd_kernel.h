@@ -23,6 +23,7 @@
 
 #include "common/params.h"
 #include "common/rules.h"
+#include "cuda/grid_dependence.h"
 #include "cuda/kernel_traits.h"
 
 namespace flashattn {
@@ -67,27 +68,6 @@ __device__ __forceinline__ void cp_async_4(int* smem_dst, const int* gmem_src) {
                "l"(gmem_src));
 }
 
-// Lets the grid launched after this one as a programmatic dependent (the split-KV combine,
-// combine.cu) be scheduled now: its blocks wait in griddepcontrol.wait until this grid has
-// finished and its writes are visible, so the trigger can come first. Issued at the start, the
-// combine's blocks are resident before the last attention CTA ends, which takes their launch
-// off a small decode call's critical path (docs/PERF.md, session 6).
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-// Waits, in a kernel launched as a programmatic dependent (launch.h KernelLaunch::
-// as_programmatic_dependent), until the grid before it in the stream has finished and its writes
-// are visible; returns at once in a kernel launched without that attribute. Nothing before it
-// may read what that grid may write (Q, K/V appended in place, lengths, page tables) or write
-// what it may read, so the decode kernels call it first: what the launch gains is their CTAs
-// resident and set up while the previous grid drains, not a read ahead of it.
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -55,7 +55,7 @@ struct KernelLaunch {
     a.val.clusterDim.z = 1;
   }
   // A programmatic dependent of the kernel before it in the stream: its CTAs may become resident
-  // as that kernel's CTAs exit, and wait in griddepcontrol.wait (fwd_kernel.h
+  // as that kernel's CTAs exit, and wait in griddepcontrol.wait (grid_dependence.h
   // wait_for_previous_grid) until its writes are visible.
   void as_programmatic_dependent() {
     cudaLaunchAttribute& a = attributes[config.numAttrs++];
