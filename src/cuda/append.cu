@@ -177,9 +177,7 @@ void launch_append(const AppendParams& p, cudaStream_t stream) {
   // v_new, q or the lengths): its blocks become resident as that grid drains and wait first.
   const auto kernel = &append_kernel<Element, kVec>;
   KernelLaunch launch(grid, kThreads, 0, stream);
-  if (may_launch_as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index)) {
-    launch.as_programmatic_dependent();
-  }
+  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, p), "cudaLaunchKernelEx(append_kernel)");
   check_launch("append_kernel");
 }

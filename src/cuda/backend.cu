@@ -153,20 +153,30 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0;
 };
 
+// The value of key in cache, made by make() on its first lookup; cache is node-based (std::map,
+// std::unordered_map), so the reference stays valid, and guarded by mutex.
+template <class Cache, class Make>
+const typename Cache::mapped_type& cached(Cache& cache, std::mutex& mutex, const typename Cache::key_type& key,
+                                          Make make) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  return cache.emplace(key, make()).first->second;
+}
+
 const DeviceInfo& device_info(int device_index) {
   static std::mutex mutex;
   static std::unordered_map<int, DeviceInfo> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device_index);
-  if (it != cache.end()) return it->second;
-  DeviceInfo info;
-  check_cuda(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-  check_cuda(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
-  check_cuda(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
-             "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
-  return cache.emplace(device_index, info).first->second;  // node-based: the reference stays valid
+  return cached(cache, mutex, device_index, [&] {
+    DeviceInfo info;
+    check_cuda(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device_index),
+               "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+    check_cuda(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, device_index),
+               "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+    check_cuda(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
+               "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)");
+    return info;
+  });
 }
 
 bool env_is(const char* name, const char* value) {
@@ -177,7 +187,6 @@ bool env_is(const char* name, const char* value) {
 }  // namespace
 
 int num_sms(int device_index) { return device_info(device_index).sms; }
-
 
 bool device_has_wgmma(int device_index) {
   static const bool disabled = env_is("FLASHATTN_NO_WGMMA", "1");
@@ -205,50 +214,44 @@ bool may_launch_as_programmatic_dependent(const void* kernel, int device_index) 
   if (disabled) return false;
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, bool> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(kernel, device_index);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  cudaFuncAttributes attributes{};
-  const bool waits = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
-  cudaGetLastError();  // a refused query leaves no sticky error: the kernel launches plainly
-  return cache.emplace(key, waits).first->second;
+  return cached(cache, mutex, std::make_pair(kernel, device_index), [&] {
+    cudaFuncAttributes attributes{};
+    const bool waits = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
+    cudaGetLastError();  // a refused query leaves no sticky error: the kernel launches plainly
+    return waits;
+  });
 }
 
 bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes) {
   static std::mutex mutex;
   static std::map<std::tuple<const void*, int, int>, bool> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(kernel, device_index, cluster_size);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  KernelLaunch launch(dim3(1, static_cast<unsigned>(cluster_size), 1), threads, smem_bytes, nullptr);
-  launch.in_clusters_along_y(cluster_size);
-  int clusters = 0;
-  const bool fits =
-      cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;
-  cudaGetLastError();  // a refused query leaves no sticky error: the combine kernel serves instead
-  return cache.emplace(key, fits).first->second;
+  return cached(cache, mutex, std::make_tuple(kernel, device_index, cluster_size), [&] {
+    KernelLaunch launch(dim3(1, static_cast<unsigned>(cluster_size), 1), threads, smem_bytes, nullptr);
+    launch.in_clusters_along_y(cluster_size);
+    int clusters = 0;
+    const bool fits =
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;
+    cudaGetLastError();  // a refused query leaves no sticky error: the combine kernel serves instead
+    return fits;
+  });
 }
 
 int resident_ctas(const void* kernel, int device_index, int threads, int smem_bytes) {
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(kernel, device_index);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int per_sm = 0;
-  // Allowed that much dynamic shared memory first, as before a launch (needed above 48 KB).
-  const bool allowed =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) == cudaSuccess;
-  if (!allowed ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem_bytes)) !=
-          cudaSuccess) {
-    per_sm = 0;
-    cudaGetLastError();  // no sticky error: the caller launches one CTA per unit instead
-  }
-  return cache.emplace(key, per_sm * device_info(device_index).sms).first->second;
+  return cached(cache, mutex, std::make_pair(kernel, device_index), [&] {
+    int per_sm = 0;
+    // Allowed that much dynamic shared memory first, as before a launch (needed above 48 KB).
+    const bool allowed =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) == cudaSuccess;
+    if (!allowed ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem_bytes)) !=
+            cudaSuccess) {
+      per_sm = 0;
+      cudaGetLastError();  // no sticky error: the caller launches one CTA per unit instead
+    }
+    return per_sm * device_info(device_index).sms;
+  });
 }
 
 PersistentDecode persistent_decode_env() {

@@ -171,9 +171,7 @@ void launch_combine(const AttnParams& params, cudaStream_t stream) {
   // blocks wait in griddepcontrol.wait), which hides one launch latency per split decode call.
   const auto kernel = vec4 ? &combine_kernel<Element, 4> : &combine_kernel<Element, 1>;
   KernelLaunch launch(grid, kThreads, 0, stream);
-  if (may_launch_as_programmatic_dependent(reinterpret_cast<const void*>(kernel), params.device_index)) {
-    launch.as_programmatic_dependent();
-  }
+  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), params.device_index);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, params), "cudaLaunchKernelEx(combine_kernel)");
   check_launch("combine_kernel");
 }

@@ -73,9 +73,7 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   if constexpr (Traits::kBlockM == kQueryTileRowsDecode) {  // splitkeys_kernel
     KernelLaunch launch(grid, Traits::kNThreads, kSmem, stream);
     if (kp.cluster_combine) launch.in_clusters_along_y(p.num_splits);
-    if (may_launch_as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index)) {
-      launch.as_programmatic_dependent();
-    }
+    launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
     check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), name);
   } else {
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
@@ -136,9 +134,7 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   kp.heavy_tiles_first = false;
   kp.cluster_combine = false;
   KernelLaunch launch(dim3(static_cast<unsigned>(ctas)), Traits::kNThreads, kSmem, stream);
-  if (may_launch_as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index)) {
-    launch.as_programmatic_dependent();
-  }
+  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), "flashattn persistent_decode_kernel");
   check_launch("flashattn persistent_decode_kernel");
   return true;

@@ -32,6 +32,13 @@ bool device_has_wgmma(int device_index);
 // runs the sm_90a kernels, and FLASHATTN_NO_CLUSTER_COMBINE=1 unset (a switch for testing and
 // timing the combine kernel on Hopper).
 bool may_combine_splits_in_cluster(const AttnParams& params);
+// Whether kernel may launch as a programmatic dependent (KernelLaunch::
+// as_programmatic_dependent): the binary that runs on the current device was compiled from PTX
+// of sm_90 or newer (cudaFuncAttributes::ptxVersion), so that its griddepcontrol.wait is there
+// (sm_80 code, JIT-compiled for a newer GPU, has none), and FLASHATTN_NO_PDL=1 is unset (a switch
+// for timing and testing both launches on one GPU). Cached per kernel and device.
+bool may_launch_as_programmatic_dependent(const void* kernel, int device_index);
+
 // cudaLaunchKernelEx's configuration of one launch, with the attributes a decode kernel may ask
 // for. Not copyable: config points at attributes.
 struct KernelLaunch {
@@ -54,10 +61,12 @@ struct KernelLaunch {
     a.val.clusterDim.y = static_cast<unsigned>(cluster_size);
     a.val.clusterDim.z = 1;
   }
-  // A programmatic dependent of the kernel before it in the stream: its CTAs may become resident
-  // as that kernel's CTAs exit, and wait in griddepcontrol.wait (grid_dependence.h
-  // wait_for_previous_grid) until its writes are visible.
-  void as_programmatic_dependent() {
+  // A programmatic dependent of the kernel before it in the stream, where
+  // may_launch_as_programmatic_dependent(kernel, device_index) allows (else launched plainly):
+  // its CTAs may become resident as that kernel's CTAs exit, and wait in griddepcontrol.wait
+  // (grid_dependence.h wait_for_previous_grid) until its writes are visible.
+  void as_programmatic_dependent(const void* kernel, int device_index) {
+    if (!may_launch_as_programmatic_dependent(kernel, device_index)) return;
     cudaLaunchAttribute& a = attributes[config.numAttrs++];
     a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     a.val.programmaticStreamSerializationAllowed = 1;
@@ -65,13 +74,6 @@ struct KernelLaunch {
   KernelLaunch(const KernelLaunch&) = delete;
   KernelLaunch& operator=(const KernelLaunch&) = delete;
 };
-
-// Whether kernel may launch as a programmatic dependent (KernelLaunch::
-// as_programmatic_dependent): the binary that runs on the current device was compiled from PTX
-// of sm_90 or newer (cudaFuncAttributes::ptxVersion), so that its griddepcontrol.wait is there
-// (sm_80 code, JIT-compiled for a newer GPU, has none), and FLASHATTN_NO_PDL=1 is unset (a switch
-// for timing and testing both launches on one GPU). Cached per kernel and device.
-bool may_launch_as_programmatic_dependent(const void* kernel, int device_index);
 
 // Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
 // device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.
