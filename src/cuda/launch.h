@@ -42,7 +42,7 @@ bool may_launch_as_programmatic_dependent(const void* kernel, int device_index);
 // cudaLaunchKernelEx's configuration of one launch, with the attributes a decode kernel may ask
 // for. Not copyable: config points at attributes.
 struct KernelLaunch {
-  cudaLaunchAttribute attributes[2]{};
+  cudaLaunchAttribute attributes[3]{};  // cluster dimension and placement, programmatic dependence
   cudaLaunchConfig_t config{};
   KernelLaunch(dim3 grid, int threads, int smem_bytes, cudaStream_t stream) {
     config.gridDim = grid;
@@ -53,13 +53,19 @@ struct KernelLaunch {
     config.numAttrs = 0;
   }
   // The grid in clusters of cluster_size CTAs along y (one cluster per unit's splits:
-  // splitkeys_kernel.h combine_in_cluster).
+  // splitkeys_kernel.h combine_in_cluster), which the hardware may place on the SMs of a GPC as
+  // it balances their load (cudaClusterSchedulingPolicyLoadBalancing). Measured against the
+  // default placement (docs/PERF.md, session 15): batch 8 x 16k with 4 splits 1.3-2.3 us faster,
+  // 8 x 8k 0.9 us; the spread policy measured no different from the default.
   void in_clusters_along_y(int cluster_size) {
-    cudaLaunchAttribute& a = attributes[config.numAttrs++];
-    a.id = cudaLaunchAttributeClusterDimension;
-    a.val.clusterDim.x = 1;
-    a.val.clusterDim.y = static_cast<unsigned>(cluster_size);
-    a.val.clusterDim.z = 1;
+    cudaLaunchAttribute& dim = attributes[config.numAttrs++];
+    dim.id = cudaLaunchAttributeClusterDimension;
+    dim.val.clusterDim.x = 1;
+    dim.val.clusterDim.y = static_cast<unsigned>(cluster_size);
+    dim.val.clusterDim.z = 1;
+    cudaLaunchAttribute& placement = attributes[config.numAttrs++];
+    placement.id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    placement.val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicyLoadBalancing;
   }
   // A programmatic dependent of the kernel before it in the stream, where
   // may_launch_as_programmatic_dependent(kernel, device_index) allows (else launched plainly):
