@@ -222,16 +222,16 @@ bool may_launch_as_programmatic_dependent(const void* kernel, int device_index) 
   });
 }
 
-bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes) {
+bool cluster_fits(const void* kernel, int device_index, dim3 cluster, int threads, int smem_bytes) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, bool> cache;
-  return cached(cache, mutex, std::make_tuple(kernel, device_index, cluster_size), [&] {
-    KernelLaunch launch(dim3(1, static_cast<unsigned>(cluster_size), 1), threads, smem_bytes, nullptr);
-    launch.in_clusters_along_y(cluster_size);
+  static std::map<std::tuple<const void*, int, unsigned, unsigned, unsigned>, bool> cache;
+  return cached(cache, mutex, std::make_tuple(kernel, device_index, cluster.x, cluster.y, cluster.z), [&] {
+    KernelLaunch launch(cluster, threads, smem_bytes, nullptr);  // a grid of one cluster
+    launch.in_clusters(cluster);
     int clusters = 0;
     const bool fits =
         cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;
-    cudaGetLastError();  // a refused query leaves no sticky error: the combine kernel serves instead
+    cudaGetLastError();  // a refused query leaves no sticky error: the grid launches without clusters
     return fits;
   });
 }

@@ -67,12 +67,13 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
   }
   // The decode tile's splits of each unit as one cluster along y, merged there
   // (splitkeys_kernel.h combine_in_cluster); else the combine kernel merges them afterwards.
+  const dim3 unit_splits(1, static_cast<unsigned>(p.num_splits), 1);
   kp.cluster_combine = Traits::kBlockM == kQueryTileRowsDecode && may_combine_splits_in_cluster(p) &&
-                       cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, p.num_splits,
+                       cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, unit_splits,
                                     Traits::kNThreads, kSmem);
   if constexpr (Traits::kBlockM == kQueryTileRowsDecode) {  // splitkeys_kernel
     KernelLaunch launch(grid, Traits::kNThreads, kSmem, stream);
-    if (kp.cluster_combine) launch.in_clusters_along_y(p.num_splits);
+    if (kp.cluster_combine) launch.in_clusters(unit_splits);
     launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
     check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), name);
   } else {
@@ -123,17 +124,24 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   static_assert(kSmem <= Traits::Config::kMaxSmemBytes, "fits the per-block shared memory limit");
   const auto default_kernel = &fwd::splitkeys_kernel<Default>;
   const int64_t units = int64_t(p.batch) * (p.pack_gqa ? p.num_heads_k : p.num_heads);
+  const int64_t slots = resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem);
   const int64_t ctas = persistent_decode_ctas(
       units,
       resident_ctas(reinterpret_cast<const void*>(default_kernel), p.device_index, Default::kNThreads,
                     Default::kSmemBytes),
-      resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem), mode,
-      Traits::kKvLayouts == KvLayouts::paged);
+      slots, mode, Traits::kKvLayouts == KvLayouts::paged);
   if (ctas == 0) return false;
   AttnParams kp = p;
   kp.heavy_tiles_first = false;
   kp.cluster_combine = false;
   KernelLaunch launch(dim3(static_cast<unsigned>(ctas)), Traits::kNThreads, kSmem, stream);
+  // In clusters where the grid takes every slot and they tile it and fit (rules.h
+  // kPersistentDecodeClusterCtas: placement only, the CTAs share nothing).
+  const dim3 cluster(kPersistentDecodeClusterCtas, 1, 1);
+  if (ctas == slots && ctas % kPersistentDecodeClusterCtas == 0 &&
+      cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, cluster, Traits::kNThreads, kSmem)) {
+    launch.in_clusters(cluster);
+  }
   launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), "flashattn persistent_decode_kernel");
   check_launch("flashattn persistent_decode_kernel");

@@ -52,17 +52,18 @@ struct KernelLaunch {
     config.attrs = attributes;
     config.numAttrs = 0;
   }
-  // The grid in clusters of cluster_size CTAs along y (one cluster per unit's splits:
-  // splitkeys_kernel.h combine_in_cluster), which the hardware may place on the SMs of a GPC as
-  // it balances their load (cudaClusterSchedulingPolicyLoadBalancing). Measured against the
-  // default placement (docs/PERF.md, session 15): batch 8 x 16k with 4 splits 1.3-2.3 us faster,
-  // 8 x 8k 0.9 us; the spread policy measured no different from the default.
-  void in_clusters_along_y(int cluster_size) {
+  // The grid in clusters of `cluster` CTAs (each dimension divides the grid's), which the
+  // hardware places on the SMs of a GPC as it balances their load
+  // (cudaClusterSchedulingPolicyLoadBalancing). Measured against the default placement
+  // (docs/PERF.md, session 15 runs 5-6): batch 8 x 16k with 4 splits in clusters 1.0-2.3 us
+  // faster, 8 x 4k and 8 x 8k 0.7-1.3 us; the spread policy measured no different from the
+  // default.
+  void in_clusters(dim3 cluster) {
     cudaLaunchAttribute& dim = attributes[config.numAttrs++];
     dim.id = cudaLaunchAttributeClusterDimension;
-    dim.val.clusterDim.x = 1;
-    dim.val.clusterDim.y = static_cast<unsigned>(cluster_size);
-    dim.val.clusterDim.z = 1;
+    dim.val.clusterDim.x = cluster.x;
+    dim.val.clusterDim.y = cluster.y;
+    dim.val.clusterDim.z = cluster.z;
     cudaLaunchAttribute& placement = attributes[config.numAttrs++];
     placement.id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
     placement.val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicyLoadBalancing;
@@ -81,9 +82,10 @@ struct KernelLaunch {
   KernelLaunch& operator=(const KernelLaunch&) = delete;
 };
 
-// Whether clusters of cluster_size CTAs of kernel (threads, dynamic smem) can be resident on the
-// device (cudaOccupancyMaxActiveClusters > 0). Cached per kernel, device and size.
-bool cluster_fits(const void* kernel, int device_index, int cluster_size, int threads, int smem_bytes);
+// Whether clusters of `cluster` CTAs of kernel (threads, dynamic smem), launched as
+// KernelLaunch::in_clusters does, can be resident on the device (cudaOccupancyMaxActiveClusters
+// > 0; false where the device has no clusters). Cached per kernel, device and cluster shape.
+bool cluster_fits(const void* kernel, int device_index, dim3 cluster, int threads, int smem_bytes);
 
 // The CTAs of kernel (threads, dynamic smem) resident on the device at once: SMs x
 // cudaOccupancyMaxActiveBlocksPerMultiprocessor (0 if the query fails), after allowing the
