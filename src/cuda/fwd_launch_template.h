@@ -135,10 +135,10 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   kp.heavy_tiles_first = false;
   kp.cluster_combine = false;
   KernelLaunch launch(dim3(static_cast<unsigned>(ctas)), Traits::kNThreads, kSmem, stream);
-  // In clusters where the grid takes every slot and they tile it and fit (rules.h
-  // kPersistentDecodeClusterCtas: placement only, the CTAs share nothing).
+  // In clusters where rules.h persistent_decode_in_clusters says so and they fit (placement
+  // only: the CTAs share nothing).
   const dim3 cluster(kPersistentDecodeClusterCtas, 1, 1);
-  if (ctas == slots && ctas % kPersistentDecodeClusterCtas == 0 &&
+  if (persistent_decode_in_clusters(ctas, slots) &&
       cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, cluster, Traits::kNThreads, kSmem)) {
     launch.in_clusters(cluster);
   }

@@ -176,3 +176,18 @@ TEST(PersistentDecodeRule, WhereItsRoundsAreFullerThanTheDefaultWaves) {
   EXPECT_EQ(contiguous(512, 0, 264, kAuto), 0);       // an occupancy query failed
   EXPECT_EQ(contiguous(512, 396, 0, kAuto), 0);
 }
+
+// rules.h persistent_decode_in_clusters: clusters of two only for a grid that takes every slot
+// (batch 64-128 on an H200: 264 of 264), never for a balanced grid of fewer CTAs (50 x 1k: 200).
+TEST(PersistentDecodeRule, ClustersOnlyForAGridThatTakesEverySlot) {
+  using flashattn::persistent_decode_ctas;
+  using flashattn::persistent_decode_in_clusters;
+  constexpr auto kAuto = flashattn::PersistentDecode::automatic;
+  EXPECT_TRUE(persistent_decode_in_clusters(persistent_decode_ctas(1024, 396, 264, kAuto, false), 264));
+  EXPECT_TRUE(persistent_decode_in_clusters(persistent_decode_ctas(512, 396, 264, kAuto, false), 264));
+  EXPECT_FALSE(persistent_decode_in_clusters(persistent_decode_ctas(400, 396, 264, kAuto, false), 264));  // 200
+  EXPECT_FALSE(persistent_decode_in_clusters(persistent_decode_ctas(450, 396, 264, kAuto, false), 264));  // 225
+  EXPECT_FALSE(persistent_decode_in_clusters(263, 263));  // pairs do not tile an odd grid
+  EXPECT_TRUE(persistent_decode_in_clusters(132, 132));
+  EXPECT_FALSE(persistent_decode_in_clusters(0, 0));
+}
