@@ -94,8 +94,8 @@ Plan make_plan(const Problem& p, int requested_splits, int processors, int deep_
   const bool few_units = work_tiles < kDeepFewUnitsFraction * deep_decode_sms;
   if (requested_splits == 0 && deep_decode_sms > 0 && decode_tile && !p.paged && few_units &&
       plan.num_splits > 1 && ceil_div(key_tiles, plan.num_splits) <= kDeepDecodeMaxTiles) {
-    plan.deep_decode = true;
     plan.num_splits = num_splits_heuristic(int(work_tiles), deep_decode_sms, key_tiles, kMaxSplits);
+    plan.deep_decode = ceil_div(key_tiles, plan.num_splits) >= kDeepDecodeMinTiles;
   }
   plan.workspace_bytes = workspace_layout(p, plan.num_splits).bytes;
   return plan;

@@ -25,7 +25,13 @@ constexpr int kCtasPerSm = 2;
 // (one CTA per SM leaves its page-table reads exposed; the deep kernel is compiled for
 // contiguous K/V only); batch 8 gains nothing (session 4 run 1: 24.4 us unsplit on the deep
 // pipeline against 24.3 on the default one).
+// Where that split count leaves walks shorter than kDeepDecodeMinTiles tiles, the default
+// pipeline runs them at the same split count: with one or two tiles per CTA there is nothing
+// for the deep pipeline to keep in flight (docs/PERF.md, session 16 runs 2-3: batch 1 x 1k,
+// 16 splits of 1 tile, 11.0-11.5 us against 11.6-11.7 on the deep pipeline; 1 x 2k, 16 splits of
+// 2 tiles, 13.1-13.3 against 13.2-13.6; 1 x 4k, 4 tiles, level).
 constexpr int kDeepDecodeMaxTiles = 16;
+constexpr int kDeepDecodeMinTiles = 3;
 constexpr double kDeepFewUnitsFraction = 0.25;
 
 // FlashAttention-2's wave-efficiency heuristic. work_tiles: CTAs without splitting;

@@ -442,6 +442,11 @@ std::vector<KVCase> kvcache_cases(Device device) {
     c.s_new = 4;
     add(c);
   }
+  // the deep decode pipeline on sm_90 (make_plan: few units, split walks of at least
+  // kDeepDecodeMinTiles tiles): 8 units in 15 splits of 9 tiles (the warps split the keys) and
+  // 6 units in 16 splits of 3 tiles (the warps split the head dim)
+  add(decode(device, bf, 2, 8, 4, 128, 8191, 1));
+  add(decode(device, fp, 3, 4, 2, 128, 3000, 0));
   // seeded combinations
   std::mt19937_64 rng(kCombinationSeed + 2);
   for (int n = 0; n < kKVCombinations; ++n) {

@@ -38,14 +38,43 @@ Plan plan_of(const Problem& p, int requested = 0, int deep_sms = kSms) {
 TEST(PlanDeepDecode, FewUnitsSplitToFillTheSms) {
   // 8 units: the default plan takes 16 / 32 / 29 splits (1 / 2 / 9 tiles each); the deep plan
   // fills the 132 SMs with one CTA each.
-  for (int context : {1024, 4096}) {
-    const Plan plan = plan_of(decode(1, context));
-    EXPECT_TRUE(plan.deep_decode) << context;
-    EXPECT_EQ(plan.num_splits, 16) << context;
-  }
+  const Plan plan = plan_of(decode(1, 4096));
+  EXPECT_TRUE(plan.deep_decode);
+  EXPECT_EQ(plan.num_splits, 16);  // 4 tiles each
   const Plan long_walks = plan_of(decode(1, 16384));
   EXPECT_TRUE(long_walks.deep_decode);
   EXPECT_EQ(long_walks.num_splits, 14);  // 112 CTAs of 19 tiles: within 85% of the best waves
+}
+
+TEST(PlanDeepDecode, WalksOfOneOrTwoTilesKeepTheDefaultPipelineAtTheDeepSplitCount) {
+  const Plan one_tile = plan_of(decode(1, 1024));  // 16 splits of 1 tile
+  EXPECT_FALSE(one_tile.deep_decode);
+  EXPECT_EQ(one_tile.num_splits, 16);
+  const Plan two_tiles = plan_of(decode(1, 2048));  // the default plan alone would take 32
+  EXPECT_FALSE(two_tiles.deep_decode);
+  EXPECT_EQ(two_tiles.num_splits, 16);
+  const Plan batch2 = plan_of(decode(2, 1024));  // 16 units: 8 splits of 2 tiles
+  EXPECT_FALSE(batch2.deep_decode);
+  EXPECT_EQ(batch2.num_splits, 8);
+}
+
+// The GPU sweep's cases that reach the deep pipeline (tests/common/cases.cpp): 8 units of up to
+// 8192 keys, 6 units of up to 3000.
+TEST(PlanDeepDecode, TheSweepReachesBothDeepKernels) {
+  Problem keys_split = decode(2, 8192);
+  keys_split.heads = 8;
+  keys_split.heads_k = 4;
+  const Plan a = plan_of(keys_split);
+  EXPECT_TRUE(a.deep_decode);
+  EXPECT_EQ(a.num_splits, 15);
+  EXPECT_FALSE(flashattn::decode_warps_split_dims(a.num_splits, keys_split.seqlen_k, 128));  // 9 tiles
+  Problem dims_split = decode(3, 3000);
+  dims_split.heads = 4;
+  dims_split.heads_k = 2;
+  const Plan b = plan_of(dims_split);
+  EXPECT_TRUE(b.deep_decode);
+  EXPECT_EQ(b.num_splits, 16);
+  EXPECT_TRUE(flashattn::decode_warps_split_dims(b.num_splits, dims_split.seqlen_k, 128));  // 3 tiles
 }
 
 TEST(PlanDeepDecode, UnitsForAQuarterOfTheSmsOrPagedKeepTheDefaultPipeline) {
@@ -177,17 +206,19 @@ TEST(PersistentDecodeRule, WhereItsRoundsAreFullerThanTheDefaultWaves) {
   EXPECT_EQ(contiguous(512, 396, 0, kAuto), 0);
 }
 
-// rules.h persistent_decode_in_clusters: clusters of two only for a grid that takes every slot
-// (batch 64-128 on an H200: 264 of 264), never for a balanced grid of fewer CTAs (50 x 1k: 200).
+// rules.h persistent_decode_cluster_ctas: clusters of four (or two where four do not tile the
+// grid) only for a grid that takes every slot (batch 64-128 on an H200: 264 of 264), never for a
+// balanced grid of fewer CTAs (50 x 1k: 200).
 TEST(PersistentDecodeRule, ClustersOnlyForAGridThatTakesEverySlot) {
   using flashattn::persistent_decode_ctas;
-  using flashattn::persistent_decode_in_clusters;
+  using flashattn::persistent_decode_cluster_ctas;
   constexpr auto kAuto = flashattn::PersistentDecode::automatic;
-  EXPECT_TRUE(persistent_decode_in_clusters(persistent_decode_ctas(1024, 396, 264, kAuto, false), 264));
-  EXPECT_TRUE(persistent_decode_in_clusters(persistent_decode_ctas(512, 396, 264, kAuto, false), 264));
-  EXPECT_FALSE(persistent_decode_in_clusters(persistent_decode_ctas(400, 396, 264, kAuto, false), 264));  // 200
-  EXPECT_FALSE(persistent_decode_in_clusters(persistent_decode_ctas(450, 396, 264, kAuto, false), 264));  // 225
-  EXPECT_FALSE(persistent_decode_in_clusters(263, 263));  // pairs do not tile an odd grid
-  EXPECT_TRUE(persistent_decode_in_clusters(132, 132));
-  EXPECT_FALSE(persistent_decode_in_clusters(0, 0));
+  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(1024, 396, 264, kAuto, false), 264), 4);
+  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(512, 396, 264, kAuto, false), 264), 4);
+  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(400, 396, 264, kAuto, false), 264), 0);  // 200
+  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(450, 396, 264, kAuto, false), 264), 0);  // 225
+  EXPECT_EQ(persistent_decode_cluster_ctas(263, 263), 0);  // no cluster tiles an odd grid
+  EXPECT_EQ(persistent_decode_cluster_ctas(228, 228), 4);  // 114 SMs
+  EXPECT_EQ(persistent_decode_cluster_ctas(266, 266), 2);  // four do not tile it, pairs do
+  EXPECT_EQ(persistent_decode_cluster_ctas(0, 0), 0);
 }
