@@ -91,6 +91,8 @@ stage_sanitize() {
     "--kvcache --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1 --rotary neox"
     "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
     "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128"
+    "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 4000 --heads 32 --kv-heads 8 --head-dim 128"
+    "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 6000 --heads 32 --kv-heads 8 --head-dim 128"
     "--kvcache --paged --page-size 16 --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
     "--kvcache --paged --page-size 3 --batch 3 --seqlen-q 1 --seqlen-k 500 --heads 8 --kv-heads 2 --head-dim 64"
     "--kvcache --paged --page-size 40 --batch 2 --seqlen-q 1 --seqlen-k 400 --heads 8 --kv-heads 8 --head-dim 256"

@@ -27,9 +27,9 @@ constexpr int kCtasPerSm = 2;
 // pipeline against 24.3 on the default one).
 // Where that split count leaves walks shorter than kDeepDecodeMinTiles tiles, the default
 // pipeline runs them at the same split count: with one or two tiles per CTA there is nothing
-// for the deep pipeline to keep in flight (docs/PERF.md, session 16 runs 2-3: batch 1 x 1k,
-// 16 splits of 1 tile, 11.0-11.5 us against 11.6-11.7 on the deep pipeline; 1 x 2k, 16 splits of
-// 2 tiles, 13.1-13.3 against 13.2-13.6; 1 x 4k, 4 tiles, level).
+// for the deep pipeline to keep in flight. Measured (docs/PERF.md, session 16 runs 2-4, kernel
+// time after the benchmark's flush): 1 x 2k (16 splits of 2 tiles) and 2 x 1k (8 of 2) 0.3-0.5
+// us faster, 1 x 1k (16 of 1) level to 0.15 us faster; 1 x 4k (16 of 4) level, so it stays deep.
 constexpr int kDeepDecodeMaxTiles = 16;
 constexpr int kDeepDecodeMinTiles = 3;
 constexpr double kDeepFewUnitsFraction = 0.25;

@@ -265,19 +265,15 @@ inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int6
 }
 
 // CUDA: the persistent decode grid of `ctas` CTAs (of `slots` resident at once) launches in
-// clusters of consecutive CTAs (so consecutive units: KV heads of one sequence) where the grid
-// takes every slot: clusters of kPersistentDecodeClusterCtas where they tile it, else of two
-// where those do; 0 = a plain launch. Placement only: the CTAs share nothing. Measured against
-// the plain grid (docs/PERF.md, session 15 runs 8-9): batch 128 x 1k in pairs 1.0-2.0 us faster,
-// 128 x 4k 1%, 64 x 1k level; a grid of fewer CTAs than slots (50 x 1k: 200 of 264) lost 1.5% in
-// clusters, so such grids launch plainly (presumably a cluster's CTAs packed onto one SM leave
-// others idle; not measured). Clusters of four against pairs (session 16 run 3, 128 x 1k, kernel
-// us over three rounds): 132.42-132.56 against 132.61-132.94; clusters of eight 174.5.
-constexpr int kPersistentDecodeClusterCtas = 4;
-inline int persistent_decode_cluster_ctas(int64_t ctas, int64_t slots) {
-  if (ctas <= 0 || ctas != slots) return 0;
-  if (ctas % kPersistentDecodeClusterCtas == 0) return kPersistentDecodeClusterCtas;
-  return ctas % 2 == 0 ? 2 : 0;
+// clusters of kPersistentDecodeClusterCtas consecutive CTAs (so consecutive units: KV heads of
+// one sequence) where the grid takes every slot and they tile it. Placement only: the CTAs share
+// nothing. Measured against the plain grid (docs/PERF.md, session 15 runs 8-9): batch 128 x 1k
+// 1.0-2.0 us faster, 128 x 4k 1%, 64 x 1k level; a grid of fewer CTAs than slots (50 x 1k: 200 of
+// 264) lost 1.5% in clusters, so such grids launch plainly (presumably a cluster's CTAs packed
+// onto one SM leave others idle; not measured).
+constexpr int kPersistentDecodeClusterCtas = 2;
+inline bool persistent_decode_in_clusters(int64_t ctas, int64_t slots) {
+  return ctas > 0 && ctas == slots && ctas % kPersistentDecodeClusterCtas == 0;
 }
 
 // CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head

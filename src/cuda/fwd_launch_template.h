@@ -135,11 +135,10 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   kp.heavy_tiles_first = false;
   kp.cluster_combine = false;
   KernelLaunch launch(dim3(static_cast<unsigned>(ctas)), Traits::kNThreads, kSmem, stream);
-  // In clusters where rules.h persistent_decode_cluster_ctas says so and they fit (placement
+  // In clusters where rules.h persistent_decode_in_clusters says so and they fit (placement
   // only: the CTAs share nothing).
-  const int cluster_ctas = persistent_decode_cluster_ctas(ctas, slots);
-  const dim3 cluster(static_cast<unsigned>(cluster_ctas), 1, 1);
-  if (cluster_ctas > 0 &&
+  const dim3 cluster(kPersistentDecodeClusterCtas, 1, 1);
+  if (persistent_decode_in_clusters(ctas, slots) &&
       cluster_fits(reinterpret_cast<const void*>(kernel), p.device_index, cluster, Traits::kNThreads, kSmem)) {
     launch.in_clusters(cluster);
   }

@@ -206,19 +206,17 @@ TEST(PersistentDecodeRule, WhereItsRoundsAreFullerThanTheDefaultWaves) {
   EXPECT_EQ(contiguous(512, 396, 0, kAuto), 0);
 }
 
-// rules.h persistent_decode_cluster_ctas: clusters of four (or two where four do not tile the
-// grid) only for a grid that takes every slot (batch 64-128 on an H200: 264 of 264), never for a
-// balanced grid of fewer CTAs (50 x 1k: 200).
+// rules.h persistent_decode_in_clusters: clusters of two only for a grid that takes every slot
+// (batch 64-128 on an H200: 264 of 264), never for a balanced grid of fewer CTAs (50 x 1k: 200).
 TEST(PersistentDecodeRule, ClustersOnlyForAGridThatTakesEverySlot) {
   using flashattn::persistent_decode_ctas;
-  using flashattn::persistent_decode_cluster_ctas;
+  using flashattn::persistent_decode_in_clusters;
   constexpr auto kAuto = flashattn::PersistentDecode::automatic;
-  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(1024, 396, 264, kAuto, false), 264), 4);
-  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(512, 396, 264, kAuto, false), 264), 4);
-  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(400, 396, 264, kAuto, false), 264), 0);  // 200
-  EXPECT_EQ(persistent_decode_cluster_ctas(persistent_decode_ctas(450, 396, 264, kAuto, false), 264), 0);  // 225
-  EXPECT_EQ(persistent_decode_cluster_ctas(263, 263), 0);  // no cluster tiles an odd grid
-  EXPECT_EQ(persistent_decode_cluster_ctas(228, 228), 4);  // 114 SMs
-  EXPECT_EQ(persistent_decode_cluster_ctas(266, 266), 2);  // four do not tile it, pairs do
-  EXPECT_EQ(persistent_decode_cluster_ctas(0, 0), 0);
+  EXPECT_TRUE(persistent_decode_in_clusters(persistent_decode_ctas(1024, 396, 264, kAuto, false), 264));
+  EXPECT_TRUE(persistent_decode_in_clusters(persistent_decode_ctas(512, 396, 264, kAuto, false), 264));
+  EXPECT_FALSE(persistent_decode_in_clusters(persistent_decode_ctas(400, 396, 264, kAuto, false), 264));  // 200
+  EXPECT_FALSE(persistent_decode_in_clusters(persistent_decode_ctas(450, 396, 264, kAuto, false), 264));  // 225
+  EXPECT_FALSE(persistent_decode_in_clusters(263, 263));  // pairs do not tile an odd grid
+  EXPECT_TRUE(persistent_decode_in_clusters(132, 132));
+  EXPECT_FALSE(persistent_decode_in_clusters(0, 0));
 }
