@@ -58,13 +58,24 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
     const int r = idx / kChunksPerRow;
     const int col = (idx % kChunksPerRow) * 8;
     if (c.m0 + r >= c.rows || col >= p.head_dim) continue;
+    // Every split's LSE and O chunk in one round of remote loads (an empty split's chunk is
+    // read too and then skipped), then the weights.
     float lse_s[kMaxClusterSplits];
-    float m = -INFINITY;
+    float4 lo_s[kMaxClusterSplits], hi_s[kMaxClusterSplits];
     CUTE_UNROLL
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      lse_s[s] = s < splits ? cluster.map_shared_rank(mine.lse, s)[r] : -INFINITY;
-      m = fmaxf(m, lse_s[s]);
+      lse_s[s] = -INFINITY;
+      lo_s[s] = hi_s[s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (s < splits) {
+        lse_s[s] = cluster.map_shared_rank(mine.lse, s)[r];
+        const float* src = cluster.map_shared_rank(mine.o, s) + r * kRowFloats + col;
+        lo_s[s] = *reinterpret_cast<const float4*>(src);
+        hi_s[s] = *reinterpret_cast<const float4*>(src + 4);
+      }
     }
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxClusterSplits; ++s) m = fmaxf(m, lse_s[s]);
     float sum = 0.0f;
     CUTE_UNROLL
     for (int s = 0; s < kMaxClusterSplits; ++s) sum += lse_s[s] == -INFINITY ? 0.0f : expf(lse_s[s] - m);
@@ -76,9 +87,7 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
     for (int s = 0; s < kMaxClusterSplits; ++s) {
       if (lse_s[s] == -INFINITY || lse == -INFINITY) continue;  // also s >= splits
       const float w = expf(lse_s[s] - lse);
-      const float* src = cluster.map_shared_rank(mine.o, s) + r * kRowFloats + col;
-      const float4 lo = *reinterpret_cast<const float4*>(src);
-      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      const float4 lo = lo_s[s], hi = hi_s[s];
       acc[0] += w * lo.x, acc[1] += w * lo.y, acc[2] += w * lo.z, acc[3] += w * lo.w;
       acc[4] += w * hi.x, acc[5] += w * hi.y, acc[6] += w * hi.z, acc[7] += w * hi.w;
     }
