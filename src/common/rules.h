@@ -205,7 +205,9 @@ constexpr int kSplitDimsMaxTiles = 4;
 // thread-block cluster (AttnParams::cluster_combine) where the device can hold such a cluster
 // of the kernel (cuda/launch.h cluster_fits). Larger clusters measured slower than the combine
 // kernel: they constrain where CTAs may run (docs/PERF.md, session 8 run 3: 16 splits at 1 x 16k
-// 49 against 33 us, 6 splits at 8 x 16k 181 against 142).
+// 49 against 33 us, 6 splits at 8 x 16k 181 against 142; session 16 run 1, with load-balanced
+// placement: 16 splits at 1 x 1k 12.8-13.2 against 10.9-11.9 us, at 1 x 16k 48.8-49.6 against
+// 33.0-33.1).
 constexpr int kMaxClusterSplits = 4;
 inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) {
   if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
