@@ -59,9 +59,9 @@ TEST(PlanDeepDecode, WalksOfOneOrTwoTilesKeepTheDefaultPipelineAtTheDeepSplitCou
 }
 
 // The GPU sweep's cases that reach the deep pipeline (tests/common/cases.cpp): 8 units of up to
-// 8192 keys, 6 units of up to 3000.
+// 8191 keys, 6 units of up to 3000.
 TEST(PlanDeepDecode, TheSweepReachesBothDeepKernels) {
-  Problem keys_split = decode(2, 8192);
+  Problem keys_split = decode(2, 8191);
   keys_split.heads = 8;
   keys_split.heads_k = 4;
   const Plan a = plan_of(keys_split);
