@@ -59,22 +59,24 @@ TEST(PlanDeepDecode, WalksOfOneOrTwoTilesKeepTheDefaultPipelineAtTheDeepSplitCou
 }
 
 // The GPU sweep's cases that reach the deep pipeline (tests/common/cases.cpp): 8 units of up to
-// 8191 keys, 6 units of up to 3000.
+// 8191 keys (15 splits of 9 tiles: the warps split the keys) and 6 units of up to 3000 (16 splits
+// of 3 tiles: the warps split the head dim).
 TEST(PlanDeepDecode, TheSweepReachesBothDeepKernels) {
-  Problem keys_split = decode(2, 8191);
-  keys_split.heads = 8;
-  keys_split.heads_k = 4;
-  const Plan a = plan_of(keys_split);
-  EXPECT_TRUE(a.deep_decode);
-  EXPECT_EQ(a.num_splits, 15);
-  EXPECT_FALSE(flashattn::decode_warps_split_dims(a.num_splits, keys_split.seqlen_k, 128));  // 9 tiles
-  Problem dims_split = decode(3, 3000);
-  dims_split.heads = 4;
-  dims_split.heads_k = 2;
-  const Plan b = plan_of(dims_split);
-  EXPECT_TRUE(b.deep_decode);
-  EXPECT_EQ(b.num_splits, 16);
-  EXPECT_TRUE(flashattn::decode_warps_split_dims(b.num_splits, dims_split.seqlen_k, 128));  // 3 tiles
+  struct SweepCase {
+    int batch, capacity, heads, heads_k;
+    int splits;
+    bool warps_split_dims;
+  };
+  for (const SweepCase& c : {SweepCase{2, 8191, 8, 4, 15, false}, SweepCase{3, 3000, 4, 2, 16, true}}) {
+    Problem p = decode(c.batch, c.capacity);
+    p.heads = c.heads;
+    p.heads_k = c.heads_k;
+    const Plan plan = plan_of(p);
+    EXPECT_TRUE(plan.deep_decode) << c.capacity;
+    EXPECT_EQ(plan.num_splits, c.splits) << c.capacity;
+    EXPECT_EQ(flashattn::decode_warps_split_dims(plan.num_splits, p.seqlen_k, p.head_dim), c.warps_split_dims)
+        << c.capacity;
+  }
 }
 
 TEST(PlanDeepDecode, UnitsForAQuarterOfTheSmsOrPagedKeepTheDefaultPipeline) {
