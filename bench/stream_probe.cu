@@ -23,7 +23,12 @@
 // The dirty flush is a cudaMemsetAsync of 256 MB by default; `--kernel-flush` writes the zeros
 // with a kernel instead, as do_bench's `cache.zero_()` does, so that the probe is timed in the
 // benchmark's exact order (flush kernel, start event, kernel, stop event). `--plain` measures
-// only the plain copies of the one-head grids.
+// only the plain copies of the one-head grids. `--persistent` times the 128 x 1k and 32 x 4k
+// copies on persistent grids (persistent_stream_kernel: whole units handed out statically, or
+// units or chunks of them claimed from a counter as the CTAs go) against a CTA per unit.
+// `--dram` runs only the 32 x 4k grid's plain and evict-first copies a few times each, for
+// Nsight Compute to read their DRAM bytes (`ncu --cache-control none -k regex:stream_kernel
+// --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum`).
 //
 //   nvcc -O3 -arch=sm_90a -std=c++17 -o stream_probe bench/stream_probe.cu && ./stream_probe
 #include <cuda.h>
@@ -170,6 +175,82 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Grid g, const __grid_c
   if (acc == 0x7fffffff) *sink = acc;  // keeps the shared-memory reads
 }
 
+// The same copies on a persistent grid: each CTA walks work items (a unit is one (batch, KV
+// head); an item is chunk_tiles of its tiles), the ring of stages running on from one item to
+// the next, as persistent_decode_kernel.h does. Static: CTA c takes items c, c + gridDim.x, ...
+// Dynamic: each CTA claims its next item from a counter (atomicAdd by thread 0, two items
+// ahead, published through shared memory at the loop's barrier), so CTAs that stream faster
+// take more.
+template <int kStages, bool kDynamic>
+__global__ void __launch_bounds__(kThreads) persistent_stream_kernel(Grid g, int units, int chunk_tiles, int* counter, int* sink) {
+  extern __shared__ __align__(1024) char smem[];
+  // Claimed items, a ring by switch: switch n (the producer's n-th item) reads ring[n % 3],
+  // and thread 0 then claims switch n + 2's into ring[(n + 2) % 3] (read a barrier later).
+  __shared__ int ring[3];
+  const int tid = threadIdx.x;
+  const int tiles_per_unit = g.rows / kTileRows;
+  const int chunks_per_unit = tiles_per_unit / chunk_tiles;
+  const int items = units * chunks_per_unit;
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int static_k = 0;  // thread 0's claims so far (static)
+  auto claim = [&] { return kDynamic ? atomicAdd(counter, 1) : int(blockIdx.x) + (static_k++) * int(gridDim.x); };
+  if (tid == 0) {
+    ring[0] = claim();
+    ring[1] = claim();
+  }
+  __syncthreads();
+  int switches = 0;
+  // The producer: its item, the next tile of it and the tiles left.
+  int item = -1, tile = 0, left = 0, issued = 0, stage = 0;
+  int64_t base = 0;
+  bool producing = true;
+  auto issue = [&] {
+    const bool switching = producing && left == 0;
+    if (switching) {
+      item = ring[switches % 3];
+      if (item >= items) {
+        producing = false;
+      } else {
+        const int unit = item / chunks_per_unit, chunk = item % chunks_per_unit;
+        const int b = unit / g.heads_k, hk = unit % g.heads_k;
+        base = b * g.batch_stride + hk * kRowBytes;
+        tile = chunk * chunk_tiles;
+        left = chunk_tiles;
+      }
+    }
+    if (producing) {
+      const uint32_t dst = smem0 + stage * 2 * kTileBytes;
+      for (int i = 0; i < kChunksPerThread; ++i) {
+        const int c = tid + i * kThreads, row = c / (kRowBytes / 16), col = (c % (kRowBytes / 16)) * 16;
+        const int64_t off = base + int64_t(tile * kTileRows + row) * g.row_stride + col;
+        copy16<plain>(dst + c * 16, g.k + off);
+        copy16<plain>(dst + kTileBytes + c * 16, g.v + off);
+      }
+      ++tile, --left, ++issued;
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (switching) {  // after the copies: the claim's round trip delays none of them
+      if (tid == 0) ring[(switches + 2) % 3] = claim();
+      ++switches;
+    }
+  };
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue();
+    __syncthreads();  // ring[] as thread 0 left it
+  }
+  int acc = 0, consumed = 0, cstage = 0;
+  while (consumed < issued) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    __syncthreads();
+    issue();
+    acc ^= reinterpret_cast<const int*>(smem + cstage * 2 * kTileBytes)[tid];
+    cstage = cstage + 1 == kStages ? 0 : cstage + 1;
+    ++consumed;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
 // do_bench's flush: zeros written over the buffer by a kernel (what PyTorch's zero_() launches).
 __global__ void write_flush(int4* buf, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -179,6 +260,9 @@ __global__ void write_flush(int4* buf, int64_t n) {
 
 bool g_kernel_flush = false;  // --kernel-flush
 bool g_plain_only = false;    // --plain
+bool g_persistent = false;    // --persistent
+bool g_dram = false;          // --dram
+int g_reps = 40;              // timed repetitions per measurement (the first 5 are dropped)
 
 __global__ void read_flush(const int4* buf, int64_t n, int* sink) {
   int acc = 0;
@@ -196,18 +280,17 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-template <int kHint, int kStages>
-float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
-  constexpr int kSmemUsed = kStages * 2 * kTileBytes + 64;
-  // Pad the shared memory so that exactly ctas_per_sm CTAs fit an SM (228 KB per SM, 1 KB each reserved).
-  const int smem = std::max(kSmemUsed, (228 * 1024) / ctas_per_sm - 1024 - 1024);
-  check(cudaFuncSetAttribute(stream_kernel<kHint, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
-  const dim3 grid(g.splits, batch * g.heads_k);
+// The median time of launch() between two events, each after the flush: dirty (zeros written
+// by a kernel with --kernel-flush, else a memset) or clean (a 256 MB read); prepare() runs
+// before each flush.
+template <class Prepare, class Launch>
+float median_after_flush(bool dirty, char* flush_buf, size_t flush_bytes, int* sink, Prepare prepare, Launch launch) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<float> times;
-  for (int rep = 0; rep < 40; ++rep) {
+  for (int rep = 0; rep < g_reps; ++rep) {
+    prepare();
     if (dirty && g_kernel_flush) {
       write_flush<<<1024, 256>>>(reinterpret_cast<int4*>(flush_buf), int64_t(flush_bytes / 16));
     } else if (dirty) {
@@ -216,7 +299,7 @@ float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char*
       read_flush<<<1024, 256>>>(reinterpret_cast<const int4*>(flush_buf), int64_t(flush_bytes / 16), sink);
     }
     cudaEventRecord(start);
-    stream_kernel<kHint, kStages><<<grid, kThreads, smem>>>(g, maps, sink);
+    launch();
     cudaEventRecord(stop);
     check(cudaEventSynchronize(stop), "kernel");
     float ms = 0;
@@ -227,6 +310,35 @@ float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char*
   cudaEventDestroy(stop);
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// Pads a kernel's shared memory so that exactly ctas_per_sm CTAs fit an SM (228 KB per SM, 1 KB
+// each reserved), and allows it that much.
+template <class Kernel>
+int smem_for(Kernel kernel, int used, int ctas_per_sm) {
+  const int smem = std::max(used, (228 * 1024) / ctas_per_sm - 1024 - 1024);
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
+  return smem;
+}
+
+template <int kHint, int kStages>
+float median_us(const Grid& g, const TmaMaps& maps, int batch, bool dirty, char* flush_buf, size_t flush_bytes, int* sink, int ctas_per_sm) {
+  const auto kernel = stream_kernel<kHint, kStages>;
+  const int smem = smem_for(kernel, kStages * 2 * kTileBytes + 64, ctas_per_sm);
+  const dim3 grid(g.splits, batch * g.heads_k);
+  return median_after_flush(dirty, flush_buf, flush_bytes, sink, [] {},
+                            [&] { kernel<<<grid, kThreads, smem>>>(g, maps, sink); });
+}
+
+// persistent_stream_kernel on `ctas` CTAs after the dirty flush; the counter is reset before it.
+template <int kStages, bool kDynamic>
+float persistent_median_us(const Grid& g, int batch, int ctas, int chunk_tiles, char* flush_buf, size_t flush_bytes,
+                           int* counter, int* sink, int ctas_per_sm) {
+  const auto kernel = persistent_stream_kernel<kStages, kDynamic>;
+  const int smem = smem_for(kernel, kStages * 2 * kTileBytes + 64, ctas_per_sm);
+  return median_after_flush(
+      true, flush_buf, flush_bytes, sink, [&] { check(cudaMemsetAsync(counter, 0, sizeof(int)), "counter"); },
+      [&] { kernel<<<ctas, kThreads, smem>>>(g, batch * g.heads_k, chunk_tiles, counter, sink); });
 }
 
 template <int kStages, int kHint = 0>
@@ -282,8 +394,13 @@ int main(int argc, char** argv) {
       g_kernel_flush = true;
     } else if (arg == "--plain") {
       g_plain_only = true;
+    } else if (arg == "--persistent") {
+      g_persistent = true;
+    } else if (arg == "--dram") {
+      g_dram = true;
+      g_reps = 8;
     } else {
-      std::fprintf(stderr, "usage: %s [--kernel-flush] [--plain]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--kernel-flush] [--plain] [--persistent] [--dram]\n", argv[0]);
       return 2;
     }
   }
@@ -311,6 +428,48 @@ int main(int argc, char** argv) {
   };
   const Point points[] = {{8, 16384, 4, kHeadsK}, {128, 1024, 1, kHeadsK}, {32, 4096, 1, kHeadsK},
                           {8, 16384 * kHeadsK, 4 * kHeadsK, 1}, {128, 1024 * kHeadsK, kHeadsK, 1}};
+  if (g_dram) {
+    // For Nsight Compute (--cache-control none): the 32 x 4k grid's plain and evict-first
+    // copies after the dirty flush, a few times each, so that each kernel's DRAM bytes read and
+    // written can be read off (what the evict-first hint does to the flush's write-back).
+    const int64_t row_stride = int64_t(kHeadsK) * kRowBytes;
+    const Grid g{k, v, row_stride, 4096 * row_stride, 4096, 1, kHeadsK, nullptr, false};
+    const TmaMaps none{};
+    std::printf("plain dirty %.1f us\n", median_us<plain, 3>(g, none, 32, true, flush_buf, kFlushBytes, sink, 2));
+    std::printf("evict_first dirty %.1f us\n", median_us<evict_first, 3>(g, none, 32, true, flush_buf, kFlushBytes, sink, 2));
+    return 0;
+  }
+  if (g_persistent) {
+    // One-head grids at 3 stages x 2 CTAs per SM: a CTA per unit, against persistent grids of
+    // whole units (static) and of items claimed as the CTAs go (dynamic), whole units or chunks.
+    int* counter;
+    check(cudaMalloc(&counter, sizeof(int)), "malloc counter");
+    for (int round = 0; round < 2; ++round) {
+      for (const Point pt : {Point{128, 1024, 1, kHeadsK}, Point{32, 4096, 1, kHeadsK}}) {
+        const int64_t row_stride = int64_t(pt.heads_k) * kRowBytes;
+        const Grid g{k, v, row_stride, int64_t(pt.rows) * row_stride, pt.rows, 1, pt.heads_k, nullptr, false};
+        const TmaMaps none{};
+        const int tiles = pt.rows / kTileRows;
+        auto report = [&](const char* what, float us) {
+          std::printf("%4d x %-6d %-40s dirty %7.1f us %5.2f TB/s\n", pt.batch, pt.rows, what, us, bytes / us / 1e6);
+          std::fflush(stdout);
+        };
+        report("a CTA per unit", median_us<plain, 3>(g, none, pt.batch, true, flush_buf, kFlushBytes, sink, 2));
+        for (int ctas : {264, 256}) {
+          char what[64];
+          std::snprintf(what, sizeof(what), "static units, %d CTAs", ctas);
+          report(what, persistent_median_us<3, false>(g, pt.batch, ctas, tiles, flush_buf, kFlushBytes, counter, sink, 2));
+        }
+        for (int chunk : {tiles, tiles / 4, 4, 2, 1}) {
+          if (chunk < 1 || tiles % chunk != 0) continue;
+          char what[64];
+          std::snprintf(what, sizeof(what), "dynamic chunks of %d tiles, 264 CTAs", chunk);
+          report(what, persistent_median_us<3, true>(g, pt.batch, 264, chunk, flush_buf, kFlushBytes, counter, sink, 2));
+        }
+      }
+    }
+    return 0;
+  }
   for (const Point pt : points) {
     if (g_plain_only && pt.heads_k == 1) continue;
     const int64_t row_stride = int64_t(pt.heads_k) * kRowBytes;
