@@ -428,12 +428,16 @@ int main(int argc, char** argv) {
   };
   const Point points[] = {{8, 16384, 4, kHeadsK}, {128, 1024, 1, kHeadsK}, {32, 4096, 1, kHeadsK},
                           {8, 16384 * kHeadsK, 4 * kHeadsK, 1}, {128, 1024 * kHeadsK, kHeadsK, 1}};
+  // An unsplit grid over one head's rows of K and V, `rows` keys per sequence.
+  auto one_head_grid = [&](int rows) {
+    const int64_t row_stride = int64_t(kHeadsK) * kRowBytes;
+    return Grid{k, v, row_stride, rows * row_stride, rows, 1, kHeadsK, nullptr, false};
+  };
   if (g_dram) {
     // For Nsight Compute (--cache-control none): the 32 x 4k grid's plain and evict-first
     // copies after the dirty flush, a few times each, so that each kernel's DRAM bytes read and
     // written can be read off (what the evict-first hint does to the flush's write-back).
-    const int64_t row_stride = int64_t(kHeadsK) * kRowBytes;
-    const Grid g{k, v, row_stride, 4096 * row_stride, 4096, 1, kHeadsK, nullptr, false};
+    const Grid g = one_head_grid(4096);
     const TmaMaps none{};
     std::printf("plain dirty %.1f us\n", median_us<plain, 3>(g, none, 32, true, flush_buf, kFlushBytes, sink, 2));
     std::printf("evict_first dirty %.1f us\n", median_us<evict_first, 3>(g, none, 32, true, flush_buf, kFlushBytes, sink, 2));
@@ -446,8 +450,7 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&counter, sizeof(int)), "malloc counter");
     for (int round = 0; round < 2; ++round) {
       for (const Point pt : {Point{128, 1024, 1, kHeadsK}, Point{32, 4096, 1, kHeadsK}}) {
-        const int64_t row_stride = int64_t(pt.heads_k) * kRowBytes;
-        const Grid g{k, v, row_stride, int64_t(pt.rows) * row_stride, pt.rows, 1, pt.heads_k, nullptr, false};
+        const Grid g = one_head_grid(pt.rows);
         const TmaMaps none{};
         const int tiles = pt.rows / kTileRows;
         auto report = [&](const char* what, float us) {
@@ -460,8 +463,8 @@ int main(int argc, char** argv) {
           std::snprintf(what, sizeof(what), "static units, %d CTAs", ctas);
           report(what, persistent_median_us<3, false>(g, pt.batch, ctas, tiles, flush_buf, kFlushBytes, counter, sink, 2));
         }
-        for (int chunk : {tiles, tiles / 4, 4, 2, 1}) {
-          if (chunk < 1 || tiles % chunk != 0) continue;
+        for (int chunk : {tiles, 16, 4, 2, 1}) {
+          if (chunk != tiles && chunk >= tiles) continue;  // whole units first, then chunks of fewer tiles
           char what[64];
           std::snprintf(what, sizeof(what), "dynamic chunks of %d tiles, 264 CTAs", chunk);
           report(what, persistent_median_us<3, true>(g, pt.batch, 264, chunk, flush_buf, kFlushBytes, counter, sink, 2));
