@@ -41,16 +41,17 @@ status=0
 
 # The sweep runs twice on Hopper: with the wgmma kernel, the deep decode pipeline, the split
 # combine inside clusters and one CTA per decode unit (default at the sweep's sizes), then on the
-# mma.sync kernels, the default decode pipeline, the combine kernel alone, the persistent
-# decode grid for every call it serves and the decode kernels launched without the programmatic
-# dependence (FLASHATTN_NO_WGMMA=1, FLASHATTN_NO_DEEP_DECODE=1, FLASHATTN_NO_CLUSTER_COMBINE=1,
-# FLASHATTN_PERSISTENT_DECODE=always, FLASHATTN_NO_PDL=1), so that every path is tested on the
-# one GPU we have.
+# mma.sync kernels, the default decode pipeline, the combine kernel alone, the heads-split
+# decode kernel for every call it serves, the persistent decode grid for every other call it
+# serves and the decode kernels launched without the programmatic dependence
+# (FLASHATTN_NO_WGMMA=1, FLASHATTN_NO_DEEP_DECODE=1, FLASHATTN_NO_CLUSTER_COMBINE=1,
+# FLASHATTN_SPLIT_HEADS=always, FLASHATTN_PERSISTENT_DECODE=always, FLASHATTN_NO_PDL=1), so that
+# every path is tested on the one GPU we have.
 stage_test() {
   local rc=0
   "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
   rc=${PIPESTATUS[0]}
-  local second="FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1 FLASHATTN_PERSISTENT_DECODE=always FLASHATTN_NO_PDL=1"
+  local second="FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1 FLASHATTN_SPLIT_HEADS=always FLASHATTN_PERSISTENT_DECODE=always FLASHATTN_NO_PDL=1"
   echo "== $second" | tee -a "$OUT/tests-gpu.log"
   env $second "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
   [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
@@ -100,6 +101,7 @@ stage_sanitize() {
     "--kvcache --paged --page-size 16 --splits 2 --batch 2 --seqlen-q 1 --seqlen-k 2000 --heads 8 --kv-heads 2 --head-dim 128"
     "--kvcache --batch 66 --seqlen-q 1 --seqlen-k 200 --heads 32 --kv-heads 8 --head-dim 128"
     "--kvcache --paged --page-size 16 --batch 66 --seqlen-q 1 --seqlen-k 300 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
+    "--kvcache --batch 33 --seqlen-q 3 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 3 --rotary interleaved"
     "--kvcache --batch 34 --seqlen-q 2 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 2 --rotary interleaved"
   )
   for tool in memcheck racecheck; do

@@ -266,6 +266,32 @@ inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int6
   return (units + rounds - 1) / rounds;
 }
 
+// CUDA: whether an unsplit decode-tile call whose units (batch x heads, or x KV heads with
+// pack_gqa) each have their own KV head runs on the heads-split kernel (cuda/splitheads_kernel.h:
+// a CTA of four units computes them side by side, one per warp, and ends with no merge) rather
+// than the keys-split ones (a CTA per unit, or several in turn on the persistent grid, each unit
+// ending in the warps' merge). ctas: units / 4; default_slots and heads_slots: the CTAs of the
+// default keys-split kernel and of the heads-split kernel resident at once; sms: the device's.
+// automatic: where the default grid needs more than one wave and the heads-split grid is one
+// that lies evenly on the SMs, its CTAs filling at least kSplitHeadsMinLayerFill of as many
+// layers of one CTA per SM as they take. Measured (docs/PERF.md, session 18 runs 1-2; H200,
+// d = 128, 396 default and 264 heads-split slots, 132 SMs), against the kernel the rule took
+// before (the persistent grid, or the default at batch 96): batch 128 x 1k (256 CTAs, fill 0.97)
+// 1.7% faster, 120 x 1k (240, 0.91) 2.6%, 116 x 1k (232, 0.88) 2.2%, 128 x 4k 1.4%, 128 x 16k
+// 1.6%, 64 x 1k (128 CTAs, 0.97 of one layer) 1.5%, 64 x 4k 0.4%; 96 x 1k (192 CTAs, 0.73: 60 SMs
+// hold two, 72 one) 6.5% slower.
+// always (FLASHATTN_SPLIT_HEADS=always, for the tests): every call it serves.
+enum class SplitHeads { automatic, off, always };
+constexpr double kSplitHeadsMinLayerFill = 0.85;
+inline bool decode_warps_split_heads(int64_t units, int64_t ctas, int64_t default_slots, int64_t heads_slots,
+                                     int64_t sms, SplitHeads mode) {
+  if (mode == SplitHeads::off || ctas <= 0 || heads_slots <= 0) return false;
+  if (mode == SplitHeads::always) return true;
+  if (units <= default_slots || ctas > heads_slots || sms <= 0) return false;
+  const int64_t layers = (ctas + sms - 1) / sms;
+  return double(ctas) >= kSplitHeadsMinLayerFill * double(layers * sms);
+}
+
 // CUDA: the persistent decode grid of `ctas` CTAs (of `slots` resident at once) launches in
 // clusters of kPersistentDecodeClusterCtas consecutive CTAs (so consecutive units: KV heads of
 // one sequence) where the grid takes every slot and they tile it. Placement only: the CTAs share

@@ -261,6 +261,13 @@ PersistentDecode persistent_decode_env() {
   return forced;
 }
 
+SplitHeads split_heads_env() {
+  static const SplitHeads forced = env_is("FLASHATTN_SPLIT_HEADS", "off")      ? SplitHeads::off
+                                   : env_is("FLASHATTN_SPLIT_HEADS", "always") ? SplitHeads::always
+                                                                               : SplitHeads::automatic;
+  return forced;
+}
+
 int deep_decode_sms(int device_index, DType dtype, int head_dim) {
 #if defined(FLASHATTN_HAS_SM90A)
   static const bool disabled = env_is("FLASHATTN_NO_DEEP_DECODE", "1");

@@ -10,8 +10,10 @@
 #include "common/rules.h"
 #include "cuda/fwd_kernel.h"
 #include "cuda/persistent_decode_kernel.h"
+#include "cuda/splitheads_kernel.h"
 #include "cuda/splitkeys_kernel.h"
 #include "cuda/wgmma_kernel.h"
+#include "api/backend.h"
 #include "cuda/kernel_traits.h"
 #include "cuda/launch.h"
 #include "flashattn/flashattn.h"
@@ -148,6 +150,37 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   return true;
 }
 
+// The decode tile on the heads-split kernel (splitheads_kernel.h, Traits) instead of the
+// keys-split ones (Default: the default keys-split kernel, whose waves rules.h
+// decode_warps_split_heads weighs) where that rule says so; false (nothing launched) where the call
+// is not one it serves: split, packed GQA rows of several queries (not equally spaced in Q), units
+// sharing a KV head (unpacked GQA), or a sequence's units not whole groups of the CTA's warps.
+template <class Traits, class Default>
+bool launch_splitheads(const AttnParams& p, cudaStream_t stream) {
+  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const bool served = p.num_splits == 1 && (p.pack_gqa ? p.seqlen_q == 1 : p.num_heads == p.num_heads_k) &&
+                      heads % Traits::kNWarps == 0;
+  const SplitHeads mode = split_heads_env();
+  if (!served || mode == SplitHeads::off) return false;
+  const auto kernel = &fwd::splitheads_kernel<Traits>;
+  constexpr int kSmem = fwd::splitheads_smem_bytes<Traits>();
+  static_assert(kSmem <= Traits::Config::kMaxSmemBytes, "fits the per-block shared memory limit");
+  const int64_t units = int64_t(p.batch) * heads;
+  const int64_t ctas = units / Traits::kNWarps;
+  const int64_t slots = resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem);
+  const int64_t default_slots = resident_ctas(reinterpret_cast<const void*>(&fwd::splitkeys_kernel<Default>),
+                                              p.device_index, Default::kNThreads, Default::kSmemBytes);
+  if (!decode_warps_split_heads(units, ctas, default_slots, slots, num_sms(p.device_index), mode)) return false;
+  AttnParams kp = p;
+  kp.heavy_tiles_first = false;
+  kp.cluster_combine = false;
+  KernelLaunch launch(dim3(static_cast<unsigned>(ctas)), Traits::kNThreads, kSmem, stream);
+  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
+  check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), "flashattn splitheads_kernel");
+  check_launch("flashattn splitheads_kernel");
+  return true;
+}
+
 // The decode tile's kernel on the pipeline kDeep, for paged K/V or contiguous (kPaged), its
 // warps splitting the head dim where rules.h decode_warps_split_dims says so and the head dim
 // allows, else the keys.
@@ -162,6 +195,10 @@ void launch_splitkeys(const AttnParams& params, cudaStream_t stream, const char*
     }
   }
   using KeysSplit = SplitKeysTraits<Element, kHeadDim, kDeep, false, kPaged>;
+  if constexpr (!kDeep && !kPaged && (kHeadDim == 64 || kHeadDim == 128)) {
+    using HeadsSplit = SplitKeysTraits<Element, kHeadDim, false, false, false, false, true>;
+    if (launch_splitheads<HeadsSplit, KeysSplit>(params, stream)) return;
+  }
   if constexpr (!kDeep && (kHeadDim == 64 || kHeadDim == 128)) {
     using Persistent = SplitKeysTraits<Element, kHeadDim, false, false, kPaged, true>;
     if (launch_persistent_decode<Persistent, KeysSplit>(params, stream)) return;

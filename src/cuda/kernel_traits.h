@@ -168,11 +168,14 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 // stages and 3 CTAs per SM its producer's and consumer's state spilled 176 bytes to local
 // memory, which the L1 left beside the shared memory could not hold: 18% slower at batch 128 x
 // 1k (docs/PERF.md, session 12).
-template <int kHeadDim, bool kDeep, bool kSplitDims, bool kPaged, bool kPersistent = false>
+// Heads split (kSplitHeads, d = 64 and 128, contiguous K/V; splitheads_kernel.h: each warp computes
+// one of the CTA's kNWarps units whole, where rules.h decode_warps_split_heads says so): 3 stages
+// at 2 CTAs per SM, as the persistent grid (its Q is kNWarps tiles).
+template <int kHeadDim, bool kDeep, bool kSplitDims, bool kPaged, bool kPersistent = false, bool kSplitHeads = false>
 struct SplitKeysTileConfig {
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  static constexpr int kStages = kDeep ? 5 : kPersistent ? 3 : 2;
-  static constexpr int kMinBlocksPerSm = kDeep ? 1 : kPersistent ? 2 : kHeadDim <= 128 ? 3 : 1;
+  static constexpr int kStages = kDeep ? 5 : (kPersistent || kSplitHeads) ? 3 : 2;
+  static constexpr int kMinBlocksPerSm = kDeep ? 1 : (kPersistent || kSplitHeads) ? 2 : kHeadDim <= 128 ? 3 : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
   // kPaged: compiled for paged K/V (PagedRows) and for it only; the contiguous kernels keep the
   // page-table code, its registers and instructions out of their mainloop (measured: a kernel
@@ -189,20 +192,24 @@ struct SplitKeysTileConfig {
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
   static_assert(!kPersistent || (!kDeep && !kSplitDims && kHeadDim <= 128),
                 "persistent: the default keys-split kernel");
+  static constexpr bool kWarpsSplitHeads = kSplitHeads;
+  static_assert(!kSplitHeads || (!kDeep && !kSplitDims && !kPaged && !kPersistent && kHeadDim <= 128),
+                "heads split: contiguous K/V, the default pipeline's tiles");
 };
 
 template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false, bool kPaged = false,
-          bool kPersistent = false>
+          bool kPersistent = false, bool kSplitHeads = false>
 struct SplitKeysTraits
     : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockM,
                      SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockN,
                      SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kNWarps> {
-  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged, kPersistent>;
+  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged, kPersistent, kSplitHeads>;
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
   static constexpr KvLayouts kKvLayouts = Config::kKvLayouts;
   static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
+  static constexpr bool kWarpsSplitHeads = Config::kWarpsSplitHeads;
   // The split-dims kernels copy K/V evict-first, so that their lines replace each other rather
   // than other data in the L2: measured (docs/PERF.md, session 5 runs 2-4), decode calls whose
   // K/V fit the L2 gained 2-6% (batch 1 x 1k, 8 x 1k) and calls streaming ten times the L2 lost

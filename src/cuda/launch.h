@@ -97,6 +97,11 @@ int resident_ctas(const void* kernel, int device_index, int threads, int smem_by
 // timing both grids on one GPU.
 PersistentDecode persistent_decode_env();
 
+// FLASHATTN_SPLIT_HEADS=off|always forces the decode tile's heads-split kernel never, or for
+// every call it serves (rules.h decode_warps_split_heads); unset, automatic. For testing and
+// timing both kernels on one GPU.
+SplitHeads split_heads_env();
+
 // FLASHATTN_WGMMA_TILE=wide|narrow|narrow96 forces that wgmma tile where it is compiled
 // (fwd_launch_template.h launch_wgmma picks otherwise); for timing the tiles on one GPU.
 enum class WgmmaTileEnv { automatic, wide, narrow, narrow96 };

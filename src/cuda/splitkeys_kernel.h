@@ -369,7 +369,9 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
       gemm_rs(acc_s, tSrQ, tSrK, tSsK, mma, copy_k, thr_copy_k);
 
       Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
-      const int key0 = n * Traits::kBlockN + (kSplitDims ? 0 : warp * kKeysPerWarp);
+      // Heads split: step n is keys [n * kKeysPerWarp, ...) of every warp's own unit.
+      const int key0 = Traits::kWarpsSplitHeads ? n * kKeysPerWarp
+                                                : n * Traits::kBlockN + (kSplitDims ? 0 : warp * kKeysPerWarp);
       const bool need_mask = !(key0 >= tiles.mask_free_lo && key0 + kKeysPerWarp <= tiles.mask_free_hi);
       apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
 

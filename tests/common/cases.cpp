@@ -447,6 +447,33 @@ std::vector<KVCase> kvcache_cases(Device device) {
   // 6 units in 16 splits of 3 tiles (the warps split the head dim)
   add(decode(device, bf, 2, 8, 4, 128, 8191, 1));
   add(decode(device, fp, 3, 4, 2, 128, 3000, 0));
+  // the heads-split decode kernel (FLASHATTN_SPLIT_HEADS=always in the GPU sweep's second pass;
+  // CUDA launch_splitheads): unsplit, contiguous, the units of a sequence whole groups of four,
+  // each with its own KV head: packed GQA (one query) and MHA (several queries)
+  {
+    KVCase c = decode(device, bf, 3, 16, 4, 128, 339, 1);
+    c.num_splits = 1;
+    c.leftpad = true;
+    c.batch_idx = true;
+    c.f = with_alibi(causal(), Alibi::per_batch_head);
+    add(c);
+    c = decode(device, fp, 2, 8, 8, 64, 799, 5);
+    c.num_splits = 1;
+    c.sq = 5;
+    c.f = window(30, 0);
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 64;
+    add(c);
+    c = decode(device, bf, 4, 32, 8, 96, 113, 0);
+    c.num_splits = 1;
+    c.f = with_softcap(Features{}, 20.0f);
+    add(c);
+    c = decode(device, fp, 2, 16, 4, 128, 64, 0);
+    c.num_splits = 1;
+    c.with_seqlens = false;
+    c.f = window(5, 0);
+    add(c);
+  }
   // seeded combinations
   std::mt19937_64 rng(kCombinationSeed + 2);
   for (int n = 0; n < kKVCombinations; ++n) {

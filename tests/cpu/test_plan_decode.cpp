@@ -222,3 +222,32 @@ TEST(PersistentDecodeRule, ClustersOnlyForAGridThatTakesEverySlot) {
   EXPECT_TRUE(persistent_decode_in_clusters(132, 132));
   EXPECT_FALSE(persistent_decode_in_clusters(0, 0));
 }
+
+// rules.h decode_warps_split_heads: the heads-split kernel only where the default grid needs
+// more than one wave and its own grid (units / 4 CTAs) is one wave lying evenly on the SMs.
+// H200, d = 128: 396 default slots, 264 heads-split slots, 132 SMs.
+TEST(SplitHeadsRule, WhereItsOneWaveLiesEvenlyOnTheSms) {
+  using flashattn::SplitHeads;
+  auto rule = [](int64_t units, SplitHeads mode) {
+    return flashattn::decode_warps_split_heads(units, units / 4, 396, 264, 132, mode);
+  };
+  constexpr auto kAuto = SplitHeads::automatic;
+  EXPECT_TRUE(rule(1024, kAuto));   // batch 128 x 8 KV heads: 256 CTAs, 0.97 of two layers
+  EXPECT_TRUE(rule(512, kAuto));    // batch 64: 128 CTAs, 0.97 of one layer
+  EXPECT_TRUE(rule(528, kAuto));    // batch 66: 132 CTAs, one whole layer
+  EXPECT_FALSE(rule(768, kAuto));   // batch 96: 192 CTAs, 0.73 of two layers
+  EXPECT_FALSE(rule(400, kAuto));   // batch 50: 100 CTAs, 0.76 of one layer
+  EXPECT_TRUE(rule(928, kAuto));    // batch 116: 232 CTAs, 0.88 of two layers
+  EXPECT_TRUE(rule(900, kAuto));    // 225 CTAs: 0.852
+  EXPECT_FALSE(rule(896, kAuto));   // 224 CTAs: 0.848
+  EXPECT_TRUE(rule(452, kAuto));    // 113 CTAs: 0.856 of one layer
+  EXPECT_FALSE(rule(448, kAuto));   // 112 CTAs: 0.848
+  EXPECT_FALSE(rule(1064, kAuto));  // 266 CTAs: more than one wave
+  EXPECT_FALSE(rule(396, kAuto));   // the default grid is one wave
+  EXPECT_FALSE(rule(1024, SplitHeads::off));
+  EXPECT_TRUE(rule(4, SplitHeads::always));
+  EXPECT_TRUE(rule(4096, SplitHeads::always));
+  EXPECT_FALSE(rule(0, SplitHeads::always));
+  EXPECT_FALSE(flashattn::decode_warps_split_heads(1024, 256, 396, 0, 132, kAuto));  // an occupancy query failed
+  EXPECT_FALSE(flashattn::decode_warps_split_heads(1024, 256, 396, 264, 0, kAuto));
+}
