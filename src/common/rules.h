@@ -274,15 +274,17 @@ inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int6
 // default keys-split kernel and of the heads-split kernel resident at once; sms: the device's.
 // automatic: where the default grid needs more than one wave and the heads-split grid is one
 // that lies evenly on the SMs, its CTAs filling at least kSplitHeadsMinLayerFill of as many
-// layers of one CTA per SM as they take. Measured (docs/PERF.md, session 18 runs 1-2; H200,
+// layers of one CTA per SM as they take. Measured (docs/PERF.md, session 18 runs 1-3; H200,
 // d = 128, 396 default and 264 heads-split slots, 132 SMs), against the kernel the rule took
-// before (the persistent grid, or the default at batch 96): batch 128 x 1k (256 CTAs, fill 0.97)
-// 1.7% faster, 120 x 1k (240, 0.91) 2.6%, 116 x 1k (232, 0.88) 2.2%, 128 x 4k 1.4%, 128 x 16k
-// 1.6%, 64 x 1k (128 CTAs, 0.97 of one layer) 1.5%, 64 x 4k 0.4%; 96 x 1k (192 CTAs, 0.73: 60 SMs
-// hold two, 72 one) 6.5% slower.
+// before (the persistent grid, or the default at batch 96): two layers, batch 128 x 1k (256 CTAs,
+// fill 0.97) 1.7% faster, 120 x 1k (240, 0.91) 2.6%, 116 x 1k (232, 0.88) 2.2%, 128 x 4k 1.4%,
+// 128 x 16k 1.6%, but 96 x 1k (192 CTAs, 0.73: 60 SMs hold two, 72 one) 6.5% slower; one layer,
+// batch 64 x 1k (128 CTAs, 0.97) 1.5%, 64 x 4k 0.4%, 60 x 1k (0.91) 2.0%, 58 x 1k (0.88) 2.7%,
+// 56 x 1k (112 CTAs, 0.85) 6%. The threshold sits at the lowest fill measured faster (one
+// layer), which is also about where the two-layer results cross between 0.73 and 0.88.
 // always (FLASHATTN_SPLIT_HEADS=always, for the tests): every call it serves.
 enum class SplitHeads { automatic, off, always };
-constexpr double kSplitHeadsMinLayerFill = 0.85;
+constexpr double kSplitHeadsMinLayerFill = 0.84;
 inline bool decode_warps_split_heads(int64_t units, int64_t ctas, int64_t default_slots, int64_t heads_slots,
                                      int64_t sms, SplitHeads mode) {
   if (mode == SplitHeads::off || ctas <= 0 || heads_slots <= 0) return false;

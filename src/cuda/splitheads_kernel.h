@@ -30,42 +30,25 @@ constexpr int splitheads_smem_bytes() {
   return Traits::kNWarps * Traits::kSmemQBytes + 2 * Traits::kStages * Traits::kSmemKVBytes;
 }
 
-// The end of a warp that computed its unit whole: normalise its rows and write O and LSE
-// straight from registers (two elements of a row per store; a unit's O is a few hundred bytes).
+// The end of a warp that computed its unit whole: its rows of O and their LSE, straight from
+// registers (two elements of a row per store; a unit's O is a few hundred bytes).
 template <class Traits, class AccO, int kRows>
 __device__ __forceinline__ void store_warp_rows(const AttnParams& p, const CtaInfo& c, const AccO& acc_o,
                                                 const float (&row_max)[kRows], const float (&row_sum)[kRows],
                                                 const ScoreScale& sc, int lane) {
   using Element = typename Traits::Element;
-  typename Traits::TiledMma tiled_mma;
-  auto thr_mma = tiled_mma.get_thread_slice(lane);
-  Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
-  Tensor tOcO = thr_mma.partition_C(cO);
-  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, d)
-  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
-  const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
-    const int r = get<0>(tOcO_rc(i, 0));
-    if (c.m0 + r >= c.rows) continue;
-    // A row with no visible key writes 0 and LSE -inf.
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-    Element* dst = static_cast<Element*>(p.o) + o_offset(p, c.seq, c.b, pr.query, pr.head);
-    CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); d += 2) {
-      const int col = get<1>(tOcO_rc(i, d));
-      cutlass::Array<Element, 2> out;
-      out[0] = static_cast<Element>(o_rc(i, d) * inv);
-      out[1] = static_cast<Element>(o_rc(i, d + 1) * inv);
-      if (col < p.head_dim) *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + col) = out;
-    }
-    if (owns_row_lse && p.lse != nullptr) {
-      const float lse = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
-      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
-    }
-  }
+  for_each_warp_row<Traits, Traits::kHeadDim>(
+      c, acc_o, row_max, row_sum, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
+        const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+        Element* dst = static_cast<Element*>(p.o) + o_offset(p, c.seq, c.b, pr.query, pr.head);
+        for_each_pair([&](int col, float o0, float o1) {
+          cutlass::Array<Element, 2> out;
+          out[0] = static_cast<Element>(o0);
+          out[1] = static_cast<Element>(o1);
+          if (col < p.head_dim) *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + col) = out;
+        });
+        if (quad_leader && p.lse != nullptr) p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
+      });
 }
 
 template <class Traits>

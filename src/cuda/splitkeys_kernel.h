@@ -106,6 +106,38 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
 #endif
 }
 
+// The end of a warp that holds its rows' statistics and O columns whole (no merge with other
+// warps): for each of this thread's accumulator rows inside the tile's rows, row_fn(r, lse,
+// quad_leader, for_each_pair), where for_each_pair(store) calls store(col, o0, o1) for the row's
+// column pairs normalised by the row's sum (col within the warp's kDims columns), and
+// quad_leader marks one thread per row. A row with no visible key (or an empty split) gets 0 and
+// LSE -inf.
+template <class Traits, int kDims, class AccO, int kRows, class RowFn>
+__device__ __forceinline__ void for_each_warp_row(const CtaInfo& c, const AccO& acc_o, const float (&row_max)[kRows],
+                                                  const float (&row_sum)[kRows], const ScoreScale& sc, int lane,
+                                                  RowFn row_fn) {
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(lane);
+  Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<kDims>>{});
+  Tensor tOcO = thr_mma.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, columns)
+  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
+  const bool quad_leader = get<1>(tOcO_rc(0, 0)) == 0;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = quad_allreduce_sum(row_sum[i]);
+    const int r = get<0>(tOcO_rc(i, 0));
+    if (c.m0 + r >= c.rows) continue;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float lse = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
+    auto for_each_pair = [&](auto store) {
+      CUTE_UNROLL
+      for (int d = 0; d < size<1>(o_rc); d += 2) store(get<1>(tOcO_rc(i, d)), o_rc(i, d) * inv, o_rc(i, d + 1) * inv);
+    };
+    row_fn(r, lse, quad_leader, for_each_pair);
+  }
+}
+
 // The end of a CTA whose warps split the head dim (Traits::kWarpsSplitDims): every warp holds
 // the same row statistics and its own columns of O, so it normalises and writes them straight
 // from registers as the split's fp32 partials (global, or the CTA's SplitPartial with
@@ -117,38 +149,21 @@ __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const Ct
                                                    const float (&row_sum)[kRows], const ScoreScale& sc,
                                                    const SplitPartial& part, int warp, int lane) {
   constexpr int kDimsPerWarp = Traits::kDimsPerWarp;
-  typename Traits::TiledMma tiled_mma;
-  auto thr_mma = tiled_mma.get_thread_slice(lane);
-  Tensor cO = make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<kDimsPerWarp>>{});
-  Tensor tOcO = thr_mma.partition_C(cO);
-  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));  // (rows, dims)
-  Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));
-  const bool owns_row_lse = warp == 0 && get<1>(tOcO_rc(0, 0)) == 0;  // one thread per row
   const int col0 = warp * kDimsPerWarp;
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
-    const int r = get<0>(tOcO_rc(i, 0));
-    if (c.m0 + r >= c.rows) continue;
-    // A row with no visible key (or an empty split) writes 0 and LSE -inf.
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const float lse = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
-    int64_t row = 0;
-    float* dst = part.o + r * Traits::kMergeRowFloats + col0;
-    if (!p.cluster_combine) {
-      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-      row = accum_row(p, split, c.b, pr.head, pr.query);
-      dst = p.o_accum + row * p.head_dim + col0;
-    }
-    CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); d += 2) {
-      const int col = get<1>(tOcO_rc(i, d));
-      if (col0 + col < p.head_dim) {
-        *reinterpret_cast<float2*>(dst + col) = make_float2(o_rc(i, d) * inv, o_rc(i, d + 1) * inv);
-      }
-    }
-    if (owns_row_lse) (p.cluster_combine ? part.lse[r] : p.lse_accum[row]) = lse;
-  }
+  for_each_warp_row<Traits, kDimsPerWarp>(
+      c, acc_o, row_max, row_sum, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
+        int64_t row = 0;
+        float* dst = part.o + r * Traits::kMergeRowFloats + col0;
+        if (!p.cluster_combine) {
+          const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+          row = accum_row(p, split, c.b, pr.head, pr.query);
+          dst = p.o_accum + row * p.head_dim + col0;
+        }
+        for_each_pair([&](int col, float o0, float o1) {
+          if (col0 + col < p.head_dim) *reinterpret_cast<float2*>(dst + col) = make_float2(o0, o1);
+        });
+        if (warp == 0 && quad_leader) (p.cluster_combine ? part.lse[r] : p.lse_accum[row]) = lse;
+      });
 }
 
 // Where the warps' fp32 O slabs (16 rows x d each) of the merge lie in shared memory.

@@ -238,10 +238,11 @@ TEST(SplitHeadsRule, WhereItsOneWaveLiesEvenlyOnTheSms) {
   EXPECT_FALSE(rule(768, kAuto));   // batch 96: 192 CTAs, 0.73 of two layers
   EXPECT_FALSE(rule(400, kAuto));   // batch 50: 100 CTAs, 0.76 of one layer
   EXPECT_TRUE(rule(928, kAuto));    // batch 116: 232 CTAs, 0.88 of two layers
-  EXPECT_TRUE(rule(900, kAuto));    // 225 CTAs: 0.852
-  EXPECT_FALSE(rule(896, kAuto));   // 224 CTAs: 0.848
-  EXPECT_TRUE(rule(452, kAuto));    // 113 CTAs: 0.856 of one layer
-  EXPECT_FALSE(rule(448, kAuto));   // 112 CTAs: 0.848
+  EXPECT_TRUE(rule(888, kAuto));    // 222 CTAs: 0.841
+  EXPECT_FALSE(rule(884, kAuto));   // 221 CTAs: 0.837
+  EXPECT_TRUE(rule(448, kAuto));    // batch 56: 112 CTAs, 0.848 of one layer
+  EXPECT_TRUE(rule(444, kAuto));    // 111 CTAs: 0.841
+  EXPECT_FALSE(rule(440, kAuto));   // 110 CTAs: 0.833
   EXPECT_FALSE(rule(1064, kAuto));  // 266 CTAs: more than one wave
   EXPECT_FALSE(rule(396, kAuto));   // the default grid is one wave
   EXPECT_FALSE(rule(1024, SplitHeads::off));
