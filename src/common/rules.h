@@ -273,15 +273,17 @@ inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int6
 // ending in the warps' merge). ctas: units / 4; default_slots and heads_slots: the CTAs of the
 // default keys-split kernel and of the heads-split kernel resident at once; sms: the device's.
 // automatic: where the default grid needs more than one wave and the heads-split grid is one
-// that lies evenly on the SMs, its CTAs filling at least kSplitHeadsMinLayerFill of as many
-// layers of one CTA per SM as they take. Measured (docs/PERF.md, session 18 runs 1-3; H200,
-// d = 128, 396 default and 264 heads-split slots, 132 SMs), against the kernel the rule took
-// before (the persistent grid, or the default at batch 96): two layers, batch 128 x 1k (256 CTAs,
-// fill 0.97) 1.7% faster, 120 x 1k (240, 0.91) 2.6%, 116 x 1k (232, 0.88) 2.2%, 128 x 4k 1.4%,
-// 128 x 16k 1.6%, but 96 x 1k (192 CTAs, 0.73: 60 SMs hold two, 72 one) 6.5% slower; one layer,
-// batch 64 x 1k (128 CTAs, 0.97) 1.5%, 64 x 4k 0.4%, 60 x 1k (0.91) 2.0%, 58 x 1k (0.88) 2.7%,
-// 56 x 1k (112 CTAs, 0.85) 6%. The threshold sits at the lowest fill measured faster (one
-// layer), which is also about where the two-layer results cross between 0.73 and 0.88.
+// wave that lies evenly on the SMs: one layer of at most one CTA per SM, or CTAs filling at least
+// kSplitHeadsMinLayerFill of as many such layers as they take. Measured (docs/PERF.md, session 18
+// runs 1-5; H200, d = 128, 396 default and 264 heads-split slots, 132 SMs), against the kernel the
+// rule took before (the persistent grid, or the default at batch 96): one layer, batch 50 x 1k
+// (100 CTAs, fill 0.76) 4.5% faster, 56 x 1k (0.85) 6%, 58 x 1k (0.88) 2.7%, 60 x 1k (0.91) 2.0%,
+// 64 x 1k (0.97) 1.5%, 64 x 4k 0.4%; two layers, batch 116 x 1k (232 CTAs, 0.88) 2.2%, 120 x 1k
+// (0.91) 2.6%, 128 x 1k (0.97) 1.7%, 128 x 4k 1.4%, 128 x 16k 1.6%, but 96 x 1k (192 CTAs, 0.73:
+// 60 SMs hold two, 72 one) 6.5% slower. The threshold sits about where a straight line through
+// the two-layer results crosses zero. Beyond one wave it is not taken: batch 256 x 1k (two waves,
+// the last 248 of 264) measured 0.6% faster, 256 x 4k 0.5% slower, 192 x 1k (a last wave of 120)
+// 6.4% slower.
 // always (FLASHATTN_SPLIT_HEADS=always, for the tests): every call it serves.
 enum class SplitHeads { automatic, off, always };
 constexpr double kSplitHeadsMinLayerFill = 0.84;
@@ -291,7 +293,7 @@ inline bool decode_warps_split_heads(int64_t units, int64_t ctas, int64_t defaul
   if (mode == SplitHeads::always) return true;
   if (units <= default_slots || ctas > heads_slots || sms <= 0) return false;
   const int64_t layers = (ctas + sms - 1) / sms;
-  return double(ctas) >= kSplitHeadsMinLayerFill * double(layers * sms);
+  return layers == 1 || double(ctas) >= kSplitHeadsMinLayerFill * double(layers * sms);
 }
 
 // CUDA: the persistent decode grid of `ctas` CTAs (of `slots` resident at once) launches in
