@@ -40,7 +40,8 @@ struct SplitPartial {
 // reading every split's partial through distributed shared memory, by the rule of combine.cu:
 //   lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s   (splits with lse_s = -inf skipped;
 // a row whose splits are all empty gets o = 0 and lse = -inf).
-// A second barrier keeps every CTA's shared memory alive until the others have read it. So a
+// A second barrier, arrived at once the reads are done and waited on at the end, keeps every
+// CTA's shared memory alive until the others have read it, off the merge's path. So a
 // split decode call writes no fp32 partials to global memory and needs no combine grid.
 template <class Traits>
 __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const CtaInfo& c, const SplitPartial& mine,
@@ -50,44 +51,62 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kRowFloats = Traits::kMergeRowFloats;
   constexpr int kChunksPerRow = Traits::kHeadDim / 8;
+  // A thread's tasks (row, 8-column chunk) are idx, idx + splits x threads, ...: at most
+  // kMaxTasks with the two splits a cluster has at least.
+  constexpr int kTasks = kBlockM * kChunksPerRow;
+  constexpr int kMaxTasks = (kTasks + 2 * Traits::kNThreads - 1) / (2 * Traits::kNThreads);
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();  // every split's partial is in its CTA's shared memory
   const int splits = int(cluster.num_blocks());
-  const int rank = int(cluster.block_rank());
-  for (int idx = rank * Traits::kNThreads + tid; idx < kBlockM * kChunksPerRow; idx += splits * Traits::kNThreads) {
-    const int r = idx / kChunksPerRow;
-    const int col = (idx % kChunksPerRow) * 8;
-    if (c.m0 + r >= c.rows || col >= p.head_dim) continue;
-    // Every split's LSE and O chunk in one round of remote loads (an empty split's chunk is
-    // read too and then skipped), then the weights.
-    float lse_s[kMaxClusterSplits];
-    float4 lo_s[kMaxClusterSplits], hi_s[kMaxClusterSplits];
+  const int first_task = int(cluster.block_rank()) * Traits::kNThreads + tid;
+  auto task_of = [&](int t, int& r, int& col) {
+    const int idx = first_task + t * splits * Traits::kNThreads;
+    r = idx / kChunksPerRow;
+    col = (idx % kChunksPerRow) * 8;
+    return idx < kTasks && c.m0 + r < c.rows && col < p.head_dim;
+  };
+  // Every task's split LSEs and O chunks in one round of remote loads (an empty split's chunk is
+  // read too and then skipped) ...
+  float lse_s[kMaxTasks][kMaxClusterSplits];
+  float4 lo_s[kMaxTasks][kMaxClusterSplits], hi_s[kMaxTasks][kMaxClusterSplits];
+  CUTE_UNROLL
+  for (int t = 0; t < kMaxTasks; ++t) {
+    int r, col;
+    const bool valid = task_of(t, r, col);
     CUTE_UNROLL
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      lse_s[s] = -INFINITY;
-      lo_s[s] = hi_s[s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (s < splits) {
-        lse_s[s] = cluster.map_shared_rank(mine.lse, s)[r];
+      lse_s[t][s] = -INFINITY;
+      lo_s[t][s] = hi_s[t][s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (valid && s < splits) {
+        lse_s[t][s] = cluster.map_shared_rank(mine.lse, s)[r];
         const float* src = cluster.map_shared_rank(mine.o, s) + r * kRowFloats + col;
-        lo_s[s] = *reinterpret_cast<const float4*>(src);
-        hi_s[s] = *reinterpret_cast<const float4*>(src + 4);
+        lo_s[t][s] = *reinterpret_cast<const float4*>(src);
+        hi_s[t][s] = *reinterpret_cast<const float4*>(src + 4);
       }
     }
+  }
+  // ... then this thread is done with the other CTAs' shared memory (the arrive releases its
+  // reads): they may leave once every thread has arrived, while this one weighs and stores.
+  auto reads_done = cluster.barrier_arrive();
+  CUTE_UNROLL
+  for (int t = 0; t < kMaxTasks; ++t) {
+    int r, col;
+    if (!task_of(t, r, col)) continue;
     float m = -INFINITY;
     CUTE_UNROLL
-    for (int s = 0; s < kMaxClusterSplits; ++s) m = fmaxf(m, lse_s[s]);
+    for (int s = 0; s < kMaxClusterSplits; ++s) m = fmaxf(m, lse_s[t][s]);
     float sum = 0.0f;
     CUTE_UNROLL
-    for (int s = 0; s < kMaxClusterSplits; ++s) sum += lse_s[s] == -INFINITY ? 0.0f : expf(lse_s[s] - m);
+    for (int s = 0; s < kMaxClusterSplits; ++s) sum += lse_s[t][s] == -INFINITY ? 0.0f : expf(lse_s[t][s] - m);
     const float lse = m == -INFINITY || sum <= 0.0f ? -INFINITY : m + logf(sum);
     float acc[8];
     CUTE_UNROLL
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
     CUTE_UNROLL
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (lse_s[s] == -INFINITY || lse == -INFINITY) continue;  // also s >= splits
-      const float w = expf(lse_s[s] - lse);
-      const float4 lo = lo_s[s], hi = hi_s[s];
+      if (lse_s[t][s] == -INFINITY || lse == -INFINITY) continue;  // also s >= splits
+      const float w = expf(lse_s[t][s] - lse);
+      const float4 lo = lo_s[t][s], hi = hi_s[t][s];
       acc[0] += w * lo.x, acc[1] += w * lo.y, acc[2] += w * lo.z, acc[3] += w * lo.w;
       acc[4] += w * hi.x, acc[5] += w * hi.y, acc[6] += w * hi.z, acc[7] += w * hi.w;
     }
@@ -100,7 +119,7 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
       p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
     }
   }
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
+  cluster.barrier_wait(std::move(reads_done));  // no CTA leaves while another still reads its shared memory
 #else
   (void)p, (void)c, (void)mine, (void)o_off, (void)tid;
 #endif
