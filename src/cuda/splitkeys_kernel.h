@@ -52,7 +52,7 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
   constexpr int kRowFloats = Traits::kMergeRowFloats;
   constexpr int kChunksPerRow = Traits::kHeadDim / 8;
   // A thread's tasks (row, 8-column chunk) are idx, idx + splits x threads, ...: at most
-  // kMaxTasks with the two splits a cluster has at least.
+  // kMaxTasks with the two splits a cluster has at least (backend.cu may_combine_splits_in_cluster).
   constexpr int kTasks = kBlockM * kChunksPerRow;
   constexpr int kMaxTasks = (kTasks + 2 * Traits::kNThreads - 1) / (2 * Traits::kNThreads);
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
