@@ -442,6 +442,17 @@ __device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, Ct
   c.hk = p.pack_gqa ? c.head : int(unsigned(c.head) / unsigned(heads_per_kv_head(p)));
 }
 
+// The geometry of decode unit `unit` of sequence seq: one query tile per unit, so its first
+// row is 0 (the persistent and heads-split decode kernels).
+__device__ __forceinline__ CtaInfo decode_unit_info(const AttnParams& p, int unit, const SeqInfo& seq) {
+  CtaInfo c;
+  set_unit_heads(p, unit, c);
+  c.seq = seq;
+  c.rows = seq.seqlen_q * c.g;
+  c.m0 = 0;
+  return c;
+}
+
 // The CTA's (batch, head, first row) from its block index; false when this query tile lies
 // past the end of its sequence (varlen: shorter than max_seqlen_q).
 template <int kBlockM>

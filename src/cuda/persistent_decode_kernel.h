@@ -42,10 +42,7 @@ __device__ __forceinline__ int unit_items(const CtaKeyTiles& t) { return t.hi > 
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ DecodeUnit make_decode_unit(const AttnParams& p, int unit, const SeqInfo& seq) {
   DecodeUnit u;
-  set_unit_heads(p, unit, u.c);
-  u.c.seq = seq;
-  u.c.rows = seq.seqlen_q * u.c.g;
-  u.c.m0 = 0;  // the decode tile: one query tile per unit
+  u.c = decode_unit_info(p, unit, seq);
   u.tiles = cta_key_tiles<kBlockM, kBlockN>(p, u.c, /*split=*/0);
   return u;
 }

@@ -72,17 +72,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // (launch_splitheads: the units per sequence are whole groups of kNWarps), so the lengths
   // and the key steps are the CTA's.
   const int first_unit = blockIdx.x * kNWarps;
-  auto unit_info = [&](int w, const SeqInfo& seq) {
-    CtaInfo u;
-    set_unit_heads(p, first_unit + w, u);
-    u.seq = seq;
-    u.rows = seq.seqlen_q * u.g;
-    u.m0 = 0;
-    return u;
-  };
   CtaInfo first;
   set_unit_heads(p, first_unit, first);  // its batch is the CTA's
-  const CtaInfo c = unit_info(warp, seq_info(p, first.b));
+  const CtaInfo c = decode_unit_info(p, first_unit + warp, seq_info(p, first.b));
   if (c.rows == 0) return;  // varlen: a sequence without queries (the whole CTA's)
   const CtaKeyTiles steps = cta_key_tiles<kBlockM, kKeys>(p, c, /*split=*/0);
 
@@ -102,7 +94,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const Element* q_base = static_cast<const Element*>(p.q);
   auto issue_q = [&] {
     for (int w = 0; w < kNWarps; ++w) {
-      const StridedRows q_rows = q_tile_rows(p, unit_info(w, c.seq));  // strided (launch_splitheads)
+      // strided rows (launch_splitheads)
+      const StridedRows q_rows = q_tile_rows(p, decode_unit_info(p, first_unit + w, c.seq));
       auto sQ = q_buffer(w);
       load_strided_rows<Traits, kBlockM>(sQ, q_base, q_base + q_rows.first, q_rows.stride, q_rows.rows, p.head_dim,
                                          tid);
