@@ -8,6 +8,8 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check)
 #   overhead  host time against GPU time of small decode calls (bench/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
+#   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
+#             timed as the benchmark times them (bench/l2_state.py --read-floor; not default)
 #   probe     bench/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
 #   dram      Nsight Compute's DRAM bytes and time of each decode call at the 128k-token points,
 #             after the benchmark's dirty flush and after a clean one (bench/decode_ncu.py; not default)
@@ -113,6 +115,11 @@ stage_sanitize() {
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
   return $rc
+}
+
+stage_floor() {
+  python3 bench/l2_state.py --points 32x4096 --flushes dirty --read-floor --rounds 2 2>&1 | tee "$OUT/floor.log" | tail -n 5
+  return "${PIPESTATUS[0]}"
 }
 
 stage_probe() {
