@@ -35,19 +35,27 @@ struct SeqInfo {
 // stages the reads of a later unit in shared memory with it). Which arrays are read, and in
 // what order, depends only on which are set, never on a value read: at most kSeqInfoReads.
 constexpr int kSeqInfoReads = 8;
+
+// The length of sequence b of a packed (cu_seqlens) array: read(cu, b), then read(cu, b + 1),
+// in that order (one read per statement).
+template <class Read>
+FA_HD int packed_length(const int* cu_seqlens, int b, Read&& read) {
+  const int first = read(cu_seqlens, b);
+  return read(cu_seqlens, b + 1) - first;
+}
+
 template <class Read>
 FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read) {
   SeqInfo s;
   s.q_row_offset = p.cu_seqlens_q ? read(p.cu_seqlens_q, b) : 0;
-  s.seqlen_q = p.cu_seqlens_q ? read(p.cu_seqlens_q, b + 1) - int(s.q_row_offset) : p.seqlen_q;
+  s.seqlen_q = p.cu_seqlens_q ? packed_length(p.cu_seqlens_q, b, read) : p.seqlen_q;
   s.leftpad = p.leftpad_k ? read(p.leftpad_k, b) : 0;
   s.k_row_offset = (p.cu_seqlens_k && !p.block_table) ? read(p.cu_seqlens_k, b) : 0;
   int keys_end;  // absolute position one past the last key
   if (p.seqused_k) {
     keys_end = read(p.seqused_k, b) + p.seqused_k_added;
   } else if (p.cu_seqlens_k) {
-    const int keys_first = read(p.cu_seqlens_k, b);  // one read per statement: a fixed order
-    keys_end = read(p.cu_seqlens_k, b + 1) - keys_first;
+    keys_end = packed_length(p.cu_seqlens_k, b, read);
   } else {
     keys_end = p.seqlen_k;
   }

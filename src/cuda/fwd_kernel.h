@@ -433,13 +433,21 @@ __device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaIn
 
 // ---- per-CTA setup and per-tile steps shared by both kernels ----------------------------
 
-// The batch and heads of unit (batch x heads, or batch x KV heads with pack_gqa).
-__device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, CtaInfo& c) {
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+// The units of one sequence: its heads, or its KV heads with pack_gqa.
+__device__ __forceinline__ int units_per_sequence(const AttnParams& p) {
+  return p.pack_gqa ? p.num_heads_k : p.num_heads;
+}
+
+// The batch and heads of unit (batch x heads, or batch x KV heads with pack_gqa); heads:
+// units_per_sequence(p).
+__device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, int heads, CtaInfo& c) {
   c.b = int(unsigned(unit) / unsigned(heads));
   c.head = unit - c.b * heads;
   c.g = p.pack_gqa ? heads_per_kv_head(p) : 1;
   c.hk = p.pack_gqa ? c.head : int(unsigned(c.head) / unsigned(heads_per_kv_head(p)));
+}
+__device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, CtaInfo& c) {
+  set_unit_heads(p, unit, units_per_sequence(p), c);
 }
 
 // The geometry of decode unit `unit` of sequence seq: one query tile per unit, so its first
@@ -457,12 +465,15 @@ __device__ __forceinline__ CtaInfo decode_unit_info(const AttnParams& p, int uni
 // past the end of its sequence (varlen: shorter than max_seqlen_q).
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
+  // Read before the block indices are chosen: the order session 8's build compiled (the wgmma
+  // kernel at d = 256 measured 2-3% slower with it after them; docs/PERF.md session 19 run 8).
+  const int heads = units_per_sequence(p);
   // The decode tile (one query tile per unit) is always launched unit by unit.
   const bool heavy_first = kBlockM != kQueryTileRowsDecode && p.heavy_tiles_first;
   const int unit = heavy_first ? blockIdx.x : blockIdx.z;
   const int m_block = heavy_first ? blockIdx.z : blockIdx.x;
   const int m_blocks = heavy_first ? gridDim.z : gridDim.x;
-  set_unit_heads(p, unit, c);
+  set_unit_heads(p, unit, heads, c);
   c.seq = seq_info(p, c.b);
   c.rows = c.seq.seqlen_q * c.g;
   // Heavy (late, causal) query tiles first: better tail balance.
