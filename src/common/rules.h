@@ -47,6 +47,8 @@ FA_HD int packed_length(const int* cu_seqlens, int b, Read&& read) {
 template <class Read>
 FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read) {
   SeqInfo s;
+  // cu_seqlens_q[b] is read again for the length rather than reused: reusing it rescheduled the
+  // whole d = 256 wgmma kernel, 2-3% slower (docs/PERF.md session 19 runs 7-8).
   s.q_row_offset = p.cu_seqlens_q ? read(p.cu_seqlens_q, b) : 0;
   s.seqlen_q = p.cu_seqlens_q ? packed_length(p.cu_seqlens_q, b, read) : p.seqlen_q;
   s.leftpad = p.leftpad_k ? read(p.leftpad_k, b) : 0;
@@ -139,6 +141,9 @@ FA_HD float alibi_bias(float slope, int i, int j, int seqlen_q, int seqlen_k) {
 // (Unsigned divisions here and below: the operands are never negative, and a GPU divides
 // unsigned integers in about half the instructions.)
 FA_HD int heads_per_kv_head(const AttnParams& p) { return int(unsigned(p.num_heads) / unsigned(p.num_heads_k)); }
+
+// The units of one sequence, each a tile walk of its own: its heads, or its KV heads with pack_gqa.
+FA_HD int units_per_sequence(const AttnParams& p) { return p.pack_gqa ? p.num_heads_k : p.num_heads; }
 
 // With pack_gqa a tile row r of KV head hk stands for query (r / g, head hk*g + r % g).
 struct PackedRow {

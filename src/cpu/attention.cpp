@@ -313,7 +313,7 @@ void run_work_item(const AttnParams& p, const WorkItem& w, const TileShape& t, S
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.
 std::vector<WorkItem> work_items(const AttnParams& p) {
   std::vector<WorkItem> items;
-  const int units = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const int units = units_per_sequence(p);
   const int splits = std::max(p.num_splits, 1);
   for (int b = 0; b < p.batch; ++b) {
     const SeqInfo seq = seq_info(p, b);

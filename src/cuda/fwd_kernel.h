@@ -229,7 +229,7 @@ template <class Traits>
 __device__ __forceinline__ void prefetch_page_table_row(const AttnParams& p, int tid) {
   if (!reads_page_table<Traits>(p) || p.block_table_pages <= 0) return;
   // The decode grid (make_cta_info): query tiles in x, splits in y, (batch, head) units in z.
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const int heads = units_per_sequence(p);
   const int b = int(blockIdx.z / unsigned(heads));
   const int ctas_of_b = int(gridDim.x * gridDim.y) * heads;
   const int me = int((blockIdx.z - b * heads) * gridDim.y + blockIdx.y) * int(gridDim.x) + int(blockIdx.x);
@@ -433,11 +433,6 @@ __device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaIn
 
 // ---- per-CTA setup and per-tile steps shared by both kernels ----------------------------
 
-// The units of one sequence: its heads, or its KV heads with pack_gqa.
-__device__ __forceinline__ int units_per_sequence(const AttnParams& p) {
-  return p.pack_gqa ? p.num_heads_k : p.num_heads;
-}
-
 // The batch and heads of unit (batch x heads, or batch x KV heads with pack_gqa); heads:
 // units_per_sequence(p).
 __device__ __forceinline__ void set_unit_heads(const AttnParams& p, int unit, int heads, CtaInfo& c) {
@@ -465,8 +460,9 @@ __device__ __forceinline__ CtaInfo decode_unit_info(const AttnParams& p, int uni
 // past the end of its sequence (varlen: shorter than max_seqlen_q).
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
-  // Read before the block indices are chosen: the order session 8's build compiled (the wgmma
-  // kernel at d = 256 measured 2-3% slower with it after them; docs/PERF.md session 19 run 8).
+  // Read before the block indices are chosen, and seq_info's reads as rules.h has them: the
+  // order session 8's build compiled. In another order ptxas rescheduled the whole d = 256
+  // wgmma kernel, 2-3% slower (docs/PERF.md session 19 runs 7-8).
   const int heads = units_per_sequence(p);
   // The decode tile (one query tile per unit) is always launched unit by unit.
   const bool heavy_first = kBlockM != kQueryTileRowsDecode && p.heavy_tiles_first;

@@ -44,7 +44,7 @@ void launch_fwd(const AttnParams& p, cudaStream_t stream, Kernel kernel, const c
                     " is not a multiple of the kernel's kBlockN = " + std::to_string(Traits::kBlockN));
   }
   const int rows_per_query = p.pack_gqa ? p.num_heads / p.num_heads_k : 1;
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const int heads = units_per_sequence(p);
   const int64_t rows = int64_t(p.seqlen_q) * rows_per_query;
   const int64_t m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t ctas_z = int64_t(p.batch) * heads;
@@ -125,7 +125,7 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   constexpr int kSmem = fwd::persistent_decode_smem_bytes<Traits>();
   static_assert(kSmem <= Traits::Config::kMaxSmemBytes, "fits the per-block shared memory limit");
   const auto default_kernel = &fwd::splitkeys_kernel<Default>;
-  const int64_t units = int64_t(p.batch) * (p.pack_gqa ? p.num_heads_k : p.num_heads);
+  const int64_t units = int64_t(p.batch) * units_per_sequence(p);
   const int64_t slots = resident_ctas(reinterpret_cast<const void*>(kernel), p.device_index, Traits::kNThreads, kSmem);
   const int64_t ctas = persistent_decode_ctas(
       units,
@@ -157,7 +157,7 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
 // sharing a KV head (unpacked GQA), or a sequence's units not whole groups of the CTA's warps.
 template <class Traits, class Default>
 bool launch_splitheads(const AttnParams& p, cudaStream_t stream) {
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const int heads = units_per_sequence(p);
   const bool served = p.num_splits == 1 && (p.pack_gqa ? p.seqlen_q == 1 : p.num_heads == p.num_heads_k) &&
                       heads % Traits::kNWarps == 0;
   const SplitHeads mode = split_heads_env();

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // copies the next unit's lengths into shared memory (4-byte cp.async, in that item's commit
   // group), so that the switch to the next finds them there: held in registers, they spilled,
   // and the spill waited for the read.
-  const int heads = p.pack_gqa ? p.num_heads_k : p.num_heads;
+  const int heads = units_per_sequence(p);
   const int units = p.batch * heads;
   const int stride = gridDim.x;
   auto batch_of = [&](int unit) { return int(unsigned(unit) / unsigned(heads)); };
