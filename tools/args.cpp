@@ -187,6 +187,7 @@ void validate_run(const RunOptions& o) {
   if (kvcache && s.append > s.seqlen_k)
     throw UsageError("--append " + std::to_string(s.append) + " does not fit the cache (--seqlen-k " +
                      std::to_string(s.seqlen_k) + ")");
+  check_problem_size(s);
 }
 
 bool has_flag(int argc, char** argv, const std::string& name) {

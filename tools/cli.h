@@ -64,6 +64,11 @@ struct ProblemSpec {
 
 bool is_local(const ProblemSpec& s);  // a sliding window on either side
 
+// Throws UsageError when the arrays of the problem cannot be sized: a count the library takes as
+// int32 (packed varlen rows, page indices) reaches 2^31, or an array's bytes pass 2^62 (its size
+// product would overflow, or no host could hold it).
+void check_problem_size(const ProblemSpec& s);
+
 // Inputs in host memory, in the physical layout the library is given (16-bit storage bits).
 struct HostProblem {
   ProblemSpec spec;

@@ -2,8 +2,10 @@
 // in the layout the library is given.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "cli.h"
 #include "half.h"
@@ -141,6 +143,38 @@ void fill_inputs(HostProblem& p, Rng& rng) {
 }  // namespace
 
 bool is_local(const ProblemSpec& s) { return s.window_left >= 0 || s.window_right >= 0; }
+
+void check_problem_size(const ProblemSpec& s) {
+  constexpr double kMaxInt32Count = 2147483647.0;
+  constexpr double kMaxArrayBytes = 4611686018427387904.0;  // 2^62
+  constexpr double kBytesPerElement = 2.0;                  // fp16 / bf16 storage
+  auto text = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", x);
+    return std::string(buf);
+  };
+  const double batch = s.batch, sq = s.seqlen_q, sk = s.seqlen_k;
+  if (s.mode == Mode::varlen && batch * std::max(sq, sk) > kMaxInt32Count)
+    throw UsageError("--varlen: --batch x --seqlen-q (and x --seqlen-k) must be below 2^31 (cu_seqlens are int32), got " +
+                     text(batch * std::max(sq, sk)));
+  const double pages_per_seq = s.paged ? std::ceil(sk / s.page_size) : 0.0;
+  if (s.paged && batch * pages_per_seq > kMaxInt32Count)
+    throw UsageError("--paged: --batch x pages per sequence (--seqlen-k / --page-size) must be below 2^31 (page indices are int32), got " +
+                     text(batch * pages_per_seq));
+  const double capacity = s.paged ? pages_per_seq * s.page_size : sk;
+  if (s.mode == Mode::kvcache && capacity + sq > kMaxInt32Count)
+    throw UsageError("--kvcache: the cache capacity (--seqlen-k, rounded up to whole pages) + --seqlen-q must be below 2^31 (positions are int32), got " +
+                     text(capacity + sq));
+  const double kv_rows = s.paged ? batch * pages_per_seq * s.page_size : batch * sk;
+  const double q_bytes = batch * sq * s.heads * s.head_dim * kBytesPerElement;
+  const double kv_bytes = kv_rows * s.kv_heads * s.head_dim * kBytesPerElement;
+  if (q_bytes > kMaxArrayBytes)
+    throw UsageError("the problem is too large: q would take " + text(q_bytes) +
+                     " bytes (--batch x --seqlen-q x --heads x --head-dim x 2)");
+  if (kv_bytes > kMaxArrayBytes)
+    throw UsageError("the problem is too large: k and v would take " + text(kv_bytes) +
+                     " bytes each (--batch x --seqlen-k x --kv-heads x --head-dim x 2)");
+}
 
 HostProblem make_problem(const ProblemSpec& spec) {
   HostProblem p;

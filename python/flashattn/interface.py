@@ -20,6 +20,7 @@ or tensor type), NotImplementedError (valid but not supported by this build), Ru
 """
 from __future__ import annotations
 
+import operator
 from collections import namedtuple
 
 from . import _C
@@ -49,9 +50,7 @@ _num_threads = 0
 def set_num_threads(n: int) -> None:
     """Threads of the CPU backend (0 = all hardware threads, the default)."""
     global _num_threads
-    if int(n) < 0:
-        raise ValueError(f"num_threads must be >= 0, got {n}")
-    _num_threads = int(n)
+    _num_threads = _int(n, "num_threads", 0, _INT32_MAX, "0 = all hardware threads")
 
 
 def get_num_threads() -> int:
@@ -59,6 +58,31 @@ def get_num_threads() -> int:
 
 
 # ---- argument checks done here (the rest is validated by the C++ library) ----------------------
+
+# The C++ library takes sizes, lengths and options as int32.
+_INT32_MAX = 2**31 - 1
+
+
+def _int(value, name, lo, hi, meaning=None):
+    """value as a Python int in [lo, hi]; TypeError / ValueError naming the argument otherwise
+    (rather than the extension's signature listing or NumPy's OverflowError)."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} "
+                        f"({value!r})") from None
+    if not lo <= n <= hi:
+        note = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name}: must be in [{lo}, {hi}]{note} (got {n})")
+    return n
+
+
+def _float(value, name):
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__} "
+                        f"({value!r})") from None
 
 def _check_dropout(dropout_p):
     if dropout_p is None or float(dropout_p) != 0.0:
@@ -68,23 +92,31 @@ def _check_dropout(dropout_p):
 
 
 def _window(window_size):
+    """(left, right), each >= -1 (-1 = unbounded). A side beyond int32 reaches past any key, so
+    it is passed as the int32 maximum, which the library treats as unbounded too."""
     try:
         left, right = window_size
-        return int(left), int(right)
     except (TypeError, ValueError):
         raise ValueError(
             f"window_size: must be a pair (left, right), -1 = unbounded; got {window_size!r}"
         ) from None
+    sides = (_int(left, "window_size[0]", -1, float("inf"), "-1 = unbounded"),
+             _int(right, "window_size[1]", -1, float("inf"), "-1 = unbounded"))
+    return tuple(min(side, _INT32_MAX) for side in sides)
 
 
 def _scale(softmax_scale):
-    return None if softmax_scale is None else float(softmax_scale)
+    return None if softmax_scale is None else _float(softmax_scale, "softmax_scale")
+
+
+def _splits(num_splits):
+    return _int(num_splits, "num_splits", 0, _C.MAX_SPLITS, "0 = heuristic")
 
 
 def _shape(x, name, ndims):
     shape = getattr(x, "shape", None)
     if shape is None:
-        raise TypeError(f"{name}: expected a tensor, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected a tensor, got {type(x).__name__} ({x!r})")
     shape = tuple(int(s) for s in shape)
     if len(shape) not in ndims:
         want = " or ".join(str(n) for n in ndims)
@@ -118,13 +150,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     _check_dropout(dropout_p)
     left, right = _window(window_size)
     b, sq, h, _ = _shape(q, "q", (4,))
+    _shape(k, "k", (4,))
     dv = _shape(v, "v", (4,))[-1]
+    scale, softcap = _scale(softmax_scale), _float(softcap, "softcap")
     ctx = Context(q)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
     _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes),
-               _scale(softmax_scale), bool(causal), left, right, float(softcap),
-               ctx.stream(), _num_threads)
+               scale, bool(causal), left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -169,14 +202,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_dropout(dropout_p)
     left, right = _window(window_size)
     total_q, h, _ = _shape(q, "q", (3,))
+    _shape(k, "k", (3, 4))
     dv = _shape(v, "v", (3, 4))[-1]
+    _shape(cu_seqlens_q, "cu_seqlens_q", (1,))
+    _shape(cu_seqlens_k, "cu_seqlens_k", (1,))
+    max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q", 0, _INT32_MAX)
+    max_seqlen_k = _int(max_seqlen_k, "max_seqlen_k", 0, _INT32_MAX)
+    scale, softcap = _scale(softmax_scale), _float(softcap, "softcap")
     ctx = Context(q)
     out = _output(ctx, out, (total_q, h, dv))
     lse = ctx.empty((h, total_q), "float32") if return_attn_probs else None
     _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
-                      int(max_seqlen_q), int(max_seqlen_k), _x(seqused_k), _x(leftpad_k),
-                      _x(block_table), _x(lse), _x(alibi_slopes), _scale(softmax_scale),
-                      bool(causal), left, right, float(softcap), ctx.stream(), _num_threads)
+                      max_seqlen_q, max_seqlen_k, _x(seqused_k), _x(leftpad_k),
+                      _x(block_table), _x(lse), _x(alibi_slopes), scale,
+                      bool(causal), left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -220,7 +259,7 @@ def _cache_seqlens(ctx, cache_seqlens, batch):
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
         raise TypeError("cache_seqlens: expected an int or an int32 tensor (b), got "
                         f"{type(cache_seqlens).__name__}")
-    return ctx.full((batch,), cache_seqlens, "int32")
+    return ctx.full((batch,), _int(cache_seqlens, "cache_seqlens", 0, _INT32_MAX), "int32")
 
 
 def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -233,13 +272,16 @@ def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_si
     it as workspace= so that the call allocates nothing (needed in CUDA graph capture)."""
     left, right = _window(window_size)
     b = _shape(q, "q", (4,))[0]
+    _shape(k_cache, "k_cache", (4,))
+    _shape(v_cache, "v_cache", (4,))
+    scale, softcap, num_splits = _scale(softmax_scale), _float(softcap, "softcap"), _splits(num_splits)
     ctx = Context(q)
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
     num_splits, pack_gqa, workspace_bytes = _C.plan_kvcache(
         _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
         _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
-        _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right, float(softcap),
-        bool(rotary_interleaved), int(num_splits))
+        _x(alibi_slopes), scale, bool(causal), left, right, softcap,
+        bool(rotary_interleaved), num_splits)
     return KVCachePlan(num_splits, pack_gqa, workspace_bytes)
 
 
@@ -274,7 +316,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     left, right = _window(window_size)
     b, sq, h, _ = _shape(q, "q", (4,))
+    _shape(k_cache, "k_cache", (4,))
     dv = _shape(v_cache, "v_cache", (4,))[-1]
+    scale, softcap, num_splits = _scale(softmax_scale), _float(softcap, "softcap"), _splits(num_splits)
     ctx = Context(q)
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
     out = _output(ctx, out, (b, sq, h, dv))
@@ -282,9 +326,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v),
                        _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
                        _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _x(lse),
-                       _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right,
-                       float(softcap), bool(rotary_interleaved), int(num_splits),
-                       _x(workspace), ctx.stream(), _num_threads)
+                       _x(alibi_slopes), scale, bool(causal), left, right, softcap,
+                       bool(rotary_interleaved), num_splits, _x(workspace), ctx.stream(),
+                       _num_threads)
     if return_softmax_lse:
         return ctx.result(out), ctx.result(lse)
     return ctx.result(out)

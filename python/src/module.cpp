@@ -363,18 +363,22 @@ NB_MODULE(_C, m) {
   m.doc() = "flashattn C++ extension (use the `flashattn` package, not this module)";
   nb::register_exception_translator(translate);
 
-  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+  // Every tensor argument accepts None, so that a missing one reaches the library's validation
+  // ("k: is required") rather than nanobind's signature listing.
+  m.def("forward", &forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("out").none(),
         nb::arg("softmax_lse").none(), nb::arg("alibi_slopes").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("stream"), nb::arg("num_threads"));
-  m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("out"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
+  m.def("forward_varlen", &forward_varlen, nb::arg("q").none(), nb::arg("k").none(),
+        nb::arg("v").none(), nb::arg("out").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("seqused_k").none(),
         nb::arg("leftpad_k").none(), nb::arg("block_table").none(),
         nb::arg("softmax_lse").none(), nb::arg("alibi_slopes").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("stream"), nb::arg("num_threads"));
-  m.def("plan_kvcache", &plan_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
+  m.def("plan_kvcache", &plan_kvcache, nb::arg("q").none(), nb::arg("k_cache").none(),
+        nb::arg("v_cache").none(),
         nb::arg("k").none(), nb::arg("v").none(), nb::arg("rotary_cos").none(),
         nb::arg("rotary_sin").none(), nb::arg("cache_seqlens").none(),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
@@ -383,8 +387,8 @@ NB_MODULE(_C, m) {
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("rotary_interleaved"),
         nb::arg("num_splits"),
         "Returns (num_splits, pack_gqa, workspace_bytes) of the matching forward_kvcache call.");
-  m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"),
-        nb::arg("v_cache"), nb::arg("out"), nb::arg("k").none(), nb::arg("v").none(),
+  m.def("forward_kvcache", &forward_kvcache, nb::arg("q").none(), nb::arg("k_cache").none(),
+        nb::arg("v_cache").none(), nb::arg("out").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
         nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
         nb::arg("cache_leftpad").none(), nb::arg("block_table").none(),

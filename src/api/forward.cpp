@@ -55,11 +55,16 @@ Strides3 strides_of(const Tensor& t) {
   return {0, t.stride[0], t.stride[1]};  // varlen: (total, heads, d)
 }
 
+// A window side that reaches past every key a query could see is unbounded: left >= seqlen_k
+// or right >= seqlen_q (the longest sequences; validation keeps seqlen_q + seqlen_k below 2^31),
+// so that the mask's int32 positions (rules.h visible_keys) cannot overflow.
+int window_side(int side, int reach) { return side >= reach ? -1 : side; }
+
 void set_options(AttnParams& a, const Problem& p, const AttentionOptions& o) {
   a.softmax_scale = o.softmax_scale ? *o.softmax_scale : 1.0f / std::sqrt(float(p.head_dim));
   a.softcap = o.softcap;
-  a.window_left = o.window_left;
-  a.window_right = o.causal ? 0 : o.window_right;  // causal = a window with right side 0
+  a.window_left = window_side(o.window_left, p.seqlen_k);
+  a.window_right = o.causal ? 0 : window_side(o.window_right, p.seqlen_q);  // causal = a window with right side 0
   if (o.alibi_slopes.defined()) {
     a.alibi_slopes = static_cast<const float*>(o.alibi_slopes.data);
     a.alibi_batch_stride = o.alibi_slopes.ndim == 2 ? o.alibi_slopes.stride[0] : 0;
@@ -171,7 +176,7 @@ AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor&
     ap.rotary_row_stride = args.rotary_cos.stride[0];
     ap.rotary_dim = p.rotary_dim;
     ap.rotary_interleaved = args.rotary_interleaved;
-    ap.rotary_q_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0;
+    ap.rotary_q_per_row = rotary_q_per_row(o);
   }
   ap.q = q.data;
   ap.q_batch_stride = q.stride[0], ap.q_row_stride = q.stride[1], ap.q_head_stride = q.stride[2];
@@ -204,8 +209,7 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 
 Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                   const KVCacheArgs& args, const AttentionOptions& options) {
-  // Validation needs an output; q stands in for it (same shape, dtype and device).
-  const Problem p = validate_kvcache(q, k_cache, v_cache, q, args, options);
+  const Problem p = validate_kvcache_plan(q, k_cache, v_cache, args, options);
   return make_plan(p, args.num_splits, processors_of(p, options.num_threads), deep_decode_sms_of(p));
 }
 
@@ -214,7 +218,7 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const AttentionOptions& options) {
   const Problem p = validate_kvcache(q, k_cache, v_cache, out, args, options);
   const Plan plan = make_plan(p, args.num_splits, processors_of(p, options.num_threads), deep_decode_sms_of(p));
-  validate_workspace(args, plan.workspace_bytes);
+  validate_workspace(q, k_cache, v_cache, out, args, options, plan.workspace_bytes);
   if (p.batch == 0) return;
   Scratch scratch(p, plan.workspace_bytes, args.workspace, options.stream);
 

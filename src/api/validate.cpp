@@ -3,18 +3,29 @@
 // Rules that need the values of index tensors (cu_seqlens, cache_seqlens, block_table, ...) are
 // checked only when those tensors live in host memory: reading device memory would need a
 // synchronisation, which decode must not pay (FlashAttention-2 does not check them either).
+// Rules that need only addresses, shapes and strides (sizes, memory overlap) hold on every device.
 #include "api/validate.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "api/backend.h"
+#include "api/overlap.h"
 
 namespace flashattn {
 
 constexpr int kCudaHeadDimMultiple = 8;    // 16-byte rows of fp16/bf16
 constexpr int kCudaAlignmentBytes = 16;    // cp.async 16-byte copies
 constexpr size_t kWorkspaceAlignment = 256;
+// Sizes, lengths and positions are int32 in the kernels and in AttnParams: every tensor size,
+// and every sum of lengths the mask computes (i + seqlen_k - seqlen_q), stays at most this.
+constexpr int64_t kMaxIndex = INT32_MAX;
+// batch x seqlen_q x heads x head_dim at most this: the split-KV scratch (up to kMaxSplits fp32
+// copies of the output, plus one LSE per row) then has a byte size that fits 64 bits.
+constexpr int64_t kMaxOutputElements = int64_t(1) << 53;
 
 namespace {
 
@@ -28,9 +39,16 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+bool has_elements(const Tensor& t) {
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] <= 0) return false;
+  }
+  return t.ndim > 0;
+}
+
 void require_defined(const Tensor& t, const char* name) {
   if (!t.defined()) fail(name, "is required", "an undefined tensor");
-  if (t.data == nullptr && t.numel() > 0) fail(name, "has no data pointer", "nullptr");
+  if (t.data == nullptr && has_elements(t)) fail(name, "has no data pointer", "nullptr");
 }
 
 void require_ndim(const Tensor& t, const char* name, int ndim, const char* layout) {
@@ -40,6 +58,11 @@ void require_ndim(const Tensor& t, const char* name, int ndim, const char* layou
   }
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] < 0) fail(name, "must have non-negative sizes", shape_string(t));
+  }
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] > kMaxIndex) {
+      fail(name, "must have sizes below 2^31 (the kernels index them with int32)", shape_string(t));
+    }
   }
 }
 
@@ -213,12 +236,15 @@ void check_out(const Tensor& out, const Tensor& q) {
   check_cuda_alignment(out, "out");
 }
 
+// k is checked whole (rank included) before v is compared with it, so that a k of the wrong
+// rank is reported as k's problem.
 void check_q_k_v(const Tensor& q, const Tensor& k, const Tensor& v, const char* k_name,
-                 const char* v_name) {
+                 const char* v_name, int k_ndim, const char* k_layout) {
   require_defined(q, "q");
   check_storage_dtype(q);
   require_last_dim_contiguous(q, "q");
   check_like_q(k, k_name, q);
+  require_ndim(k, k_name, k_ndim, k_layout);
   check_like_q(v, v_name, q);
   const std::string k_shape = std::string("must have ") + k_name + "'s shape " + shape_string(k);
   if (k.ndim != v.ndim) fail(v_name, k_shape, shape_string(v));
@@ -232,7 +258,8 @@ void check_q_k_v(const Tensor& q, const Tensor& k, const Tensor& v, const char* 
 
 // ---- paging ---------------------------------------------------------------------------------
 
-// block_table (b, max_pages) int32 over a paged cache (num_pages, page_size, hk, d).
+// block_table (b, max_pages) int32 over a paged cache (num_pages, page_size, hk, d): its shape.
+// Its entries are checked where the lengths say which of them are in use (check_pages_in_use).
 void check_block_table(const Tensor& bt, const Tensor& q, const Tensor& cache, int batch,
                        const char* name, const char* cache_name) {
   require_dtype(bt, name, DType::i32);
@@ -241,21 +268,146 @@ void check_block_table(const Tensor& bt, const Tensor& q, const Tensor& cache, i
   require_dim(bt, name, 0, batch, "the batch size");
   require_last_dim_contiguous(bt, name);
   if (cache.shape[1] < 1) fail(cache_name, "page size (dim 1 of a paged cache) must be >= 1", shape_string(cache));
-  const int* table = host_ints(bt);
-  if (!table) return;
-  const int64_t num_pages = cache.shape[0];
-  for (int64_t b = 0; b < bt.shape[0]; ++b) {
-    for (int64_t j = 0; j < bt.shape[1]; ++j) {
-      const int page = table[b * bt.stride[0] + j];
-      if (page < 0 || page >= num_pages) {
-        fail(name, "entries must be page indices in [0, " + str(num_pages) + ")",
-             str(page) + " at [" + str(b) + ", " + str(j) + "]");
-      }
+}
+
+// The pages holding key positions [first_key, end_key) of sequence b (end_key within the
+// table) are pages of the cache. Entries past them are never read, so a table padded with -1
+// beyond the pages in use, as serving engines keep it, is accepted.
+void check_pages_in_use(const int* table, const Tensor& bt, int64_t num_pages, int64_t page_size,
+                        int b, int64_t first_key, int64_t end_key) {
+  if (end_key <= first_key) return;
+  const int64_t end_column = (end_key + page_size - 1) / page_size;
+  for (int64_t j = first_key / page_size; j < end_column; ++j) {
+    const int page = table[b * bt.stride[0] + j];
+    if (page < 0 || page >= num_pages) {
+      fail("block_table", "entries in use (the pages of each sequence's keys) must be page indices in [0, " + str(num_pages) + ")",
+           str(page) + " at [" + str(b) + ", " + str(j) + "]");
     }
   }
 }
 
+// ---- sizes the kernels index with int32 ---------------------------------------------------------
+
+// Beyond each size being below 2^31 (require_ndim): the mask's key positions i + seqlen_k -
+// seqlen_q (rules.h visible_keys), the query rows of a GQA-packed tile walk, and the split-KV
+// scratch size. q_len_name / k_len_name: the arguments that gave seqlen_q / seqlen_k.
+void check_int32_limits(const Problem& p, const char* q_len_name, const char* k_len_name) {
+  if (int64_t(p.seqlen_q) + p.seqlen_k > kMaxIndex) {
+    fail(k_len_name, "seqlen_q + seqlen_k must be below 2^31 (key positions relative to queries are int32)",
+         str(p.seqlen_q) + " + " + str(p.seqlen_k));
+  }
+  const int64_t group = p.heads / p.heads_k;
+  if (int64_t(p.seqlen_q) * group > kMaxIndex) {
+    fail(q_len_name, "seqlen_q x (heads / heads_k) must be below 2^31 (the query rows of one KV head are int32)",
+         str(p.seqlen_q) + " x " + str(group));
+  }
+  const double elements = double(p.batch) * double(p.seqlen_q) * double(p.heads) * double(p.head_dim);
+  if (elements >= double(kMaxOutputElements)) {
+    fail(q_len_name, "batch x seqlen_q x heads x head_dim must be below 2^53 (the split-KV scratch is sized in bytes in 64 bits)",
+         str(p.batch) + " x " + str(p.seqlen_q) + " x " + str(p.heads) + " x " + str(p.head_dim));
+  }
+}
+
+// ---- memory written by the call -------------------------------------------------------------
+
+// One argument of a call, and whether the call writes it.
+struct Arg {
+  const Tensor* tensor;
+  const char* name;
+  bool written;
+};
+
+std::string strides_string(const Tensor& t) {
+  std::string s = "strides (";
+  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + str(t.stride[i]);
+  return s + ")";
+}
+
+// What args[i] (written) writes shares no byte with another of its elements nor with any other
+// argument: the result would depend on the order of the writes and the reads.
+void check_written_alone(const std::vector<Arg>& args, size_t i) {
+  const Tensor& w = *args[i].tensor;
+  if (!w.defined() || !has_elements(w)) return;
+  if (view_overlaps_itself(w)) {
+    fail(args[i].name, "must not have elements that share memory (it is written)", strides_string(w) + " over " + shape_string(w));
+  }
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (j == i || !args[j].tensor->defined()) continue;
+    if (views_overlap(w, *args[j].tensor)) {
+      fail(args[i].name, std::string("must not share memory with ") + args[j].name + " (it is written)",
+           "overlapping memory");
+    }
+  }
+}
+
+void check_outputs_alone(const std::vector<Arg>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].written) check_written_alone(args, i);
+  }
+}
+
+// Appended keys and values land in distinct memory: no cache row (contiguous cache, through
+// cache_batch_idx) and no page (paged cache) receives new rows from two sequences, and no
+// sequence lists one page twice among the pages it writes.
+void check_append_targets(const Problem& p, const int* seqlens, const int* batch_idx,
+                          const int* table, const Tensor& bt) {
+  struct Target {
+    int64_t where;   // cache row or page
+    int b;
+    int64_t column;  // block_table column (paged)
+  };
+  std::vector<Target> targets;
+  if (p.paged) {
+    for (int b = 0; b < p.batch; ++b) {
+      const int64_t first = seqlens[b] / p.page_size;
+      const int64_t end = (int64_t(seqlens[b]) + p.seqlen_new + p.page_size - 1) / p.page_size;
+      for (int64_t j = first; j < end; ++j) targets.push_back({table[b * bt.stride[0] + j], b, j});
+    }
+  } else if (batch_idx) {
+    for (int b = 0; b < p.batch; ++b) targets.push_back({batch_idx[b], b, 0});
+  }
+  std::sort(targets.begin(), targets.end(), [](const Target& x, const Target& y) {
+    return x.where != y.where ? x.where < y.where : (x.b != y.b ? x.b < y.b : x.column < y.column);
+  });
+  for (size_t i = 1; i < targets.size(); ++i) {
+    const Target& x = targets[i - 1];
+    const Target& y = targets[i];
+    if (x.where != y.where) continue;
+    if (p.paged) {
+      fail("block_table", "a page receiving appended keys must receive them from one sequence, through one entry",
+           "page " + str(x.where) + " at [" + str(x.b) + ", " + str(x.column) + "] and [" + str(y.b) + ", " + str(y.column) + "]");
+    }
+    fail("cache_batch_idx", "entries must be distinct when k_new/v_new are appended (two sequences would write one cache row)",
+         "cache row " + str(x.where) + " at " + str(x.b) + " and " + str(y.b));
+  }
+}
+
+std::vector<Arg> dense_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const AttentionOptions& o) {
+  return {{&q, "q", false}, {&k, "k", false}, {&v, "v", false}, {&out, "out", true},
+          {&o.softmax_lse, "softmax_lse", true}, {&o.alibi_slopes, "alibi_slopes", false}};
+}
+
+// out: nullptr when planning (no output yet).
+std::vector<Arg> kvcache_args(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const Tensor* out, const KVCacheArgs& a, const AttentionOptions& o,
+                              bool appends) {
+  std::vector<Arg> args = {
+      {&q, "q", false}, {&k_cache, "k_cache", appends}, {&v_cache, "v_cache", appends},
+      {&a.k_new, "k_new", false}, {&a.v_new, "v_new", false},
+      {&a.rotary_cos, "rotary_cos", false}, {&a.rotary_sin, "rotary_sin", false},
+      {&a.cache_seqlens, "cache_seqlens", false}, {&a.cache_batch_idx, "cache_batch_idx", false},
+      {&a.cache_leftpad, "cache_leftpad", false}, {&a.block_table, "block_table", false},
+      {&o.alibi_slopes, "alibi_slopes", false}, {&o.softmax_lse, "softmax_lse", true}};
+  if (out) args.push_back({out, "out", true});
+  return args;
+}
+
 }  // namespace
+
+bool rotary_q_per_row(const AttentionOptions& o) {
+  return o.causal || o.window_left >= 0 || o.window_right >= 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -263,8 +415,7 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const AttentionOptions& options) {
   require_defined(q, "q");
   require_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
-  check_q_k_v(q, k, v, "k", "v");
-  require_ndim(k, "k", 4, "(batch, seqlen_k, heads_k, head_dim)");
+  check_q_k_v(q, k, v, "k", "v", 4, "(batch, seqlen_k, heads_k, head_dim)");
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
@@ -279,8 +430,10 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   require_dim(k, "k", 3, p.head_dim, "q's head dim");
   check_heads(p.heads, p.heads_k, "k");
   check_head_dim(q, p.head_dim);
+  check_int32_limits(p, "q", "k");
   check_out(out, q);
   check_options(options, q, p, 0);
+  check_outputs_alone(dense_args(q, k, v, out, options));
   return p;
 }
 
@@ -288,13 +441,16 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const VarlenArgs& args, const AttentionOptions& options) {
   require_defined(q, "q");
   require_ndim(q, "q", 3, "(total_q, heads, head_dim)");
-  check_q_k_v(q, k, v, "k", "v");
+  const bool paged = args.block_table.defined();
+  check_q_k_v(q, k, v, "k", "v", paged ? 4 : 3,
+              paged ? "(num_pages, page_size, heads_k, head_dim) with block_table"
+                    : "(total_k, heads_k, head_dim)");
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
   p.dtype = q.dtype;
   p.varlen = true;
-  p.paged = args.block_table.defined();
+  p.paged = paged;
   p.heads = int(q.shape[1]);
   p.head_dim = int(q.shape[2]);
   require_defined(args.cu_seqlens_q, "cu_seqlens_q");
@@ -311,40 +467,46 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
   p.seqlen_q = args.max_seqlen_q;
   p.seqlen_k = args.max_seqlen_k;
   if (p.paged) {
-    require_ndim(k, "k", 4, "(num_pages, page_size, heads_k, head_dim) with block_table");
     p.page_size = int(k.shape[1]);
     p.heads_k = int(k.shape[2]);
     require_dim(k, "k", 3, p.head_dim, "q's head dim");
     check_block_table(args.block_table, q, k, p.batch, "block_table", "k");
   } else {
-    require_ndim(k, "k", 3, "(total_k, heads_k, head_dim)");
     p.heads_k = int(k.shape[1]);
     require_dim(k, "k", 2, p.head_dim, "q's head dim");
   }
   check_heads(p.heads, p.heads_k, "k");
   check_head_dim(q, p.head_dim);
+  check_int32_limits(p, "max_seqlen_q", "max_seqlen_k");
   check_out(out, q);
   check_options(options, q, p, q.shape[0]);
+  std::vector<Arg> all = dense_args(q, k, v, out, options);
+  all.insert(all.end(), {{&args.cu_seqlens_q, "cu_seqlens_q", false}, {&args.cu_seqlens_k, "cu_seqlens_k", false},
+                         {&args.seqused_k, "seqused_k", false}, {&args.leftpad_k, "leftpad_k", false},
+                         {&args.block_table, "block_table", false}});
+  check_outputs_alone(all);
 
-  // Values, when they are readable on the host.
+  // Values, when they are readable on the host (lengths in 64 bits: int32 entries may differ
+  // by more than int32 holds).
   const int* cu_q = host_ints(args.cu_seqlens_q);
   const int* cu_k = host_ints(args.cu_seqlens_k);
   const int* used = host_ints(args.seqused_k);
   const int* pad = host_ints(args.leftpad_k);
+  const int* table = p.paged ? host_ints(args.block_table) : nullptr;
   if (cu_q && cu_k) {
-    const int64_t key_rows = p.paged ? int64_t(args.block_table.shape[1]) * p.page_size : k.shape[0];
+    const int64_t key_rows = p.paged ? args.block_table.shape[1] * int64_t(p.page_size) : k.shape[0];
     if (cu_q[0] != 0) fail("cu_seqlens_q", "must start at 0", str(cu_q[0]));
     if (cu_k[0] != 0) fail("cu_seqlens_k", "must start at 0", str(cu_k[0]));
     for (int b = 0; b < p.batch; ++b) {
-      const int len_q = cu_q[b + 1] - cu_q[b];
-      const int len_k = cu_k[b + 1] - cu_k[b];
+      const int64_t len_q = int64_t(cu_q[b + 1]) - cu_q[b];
+      const int64_t len_k = int64_t(cu_k[b + 1]) - cu_k[b];
       if (len_q < 0) fail("cu_seqlens_q", "must be non-decreasing", "a decrease at " + str(b));
       if (len_k < 0) fail("cu_seqlens_k", "must be non-decreasing", "a decrease at " + str(b));
       if (len_q > p.seqlen_q) {
         fail("max_seqlen_q", "must be >= every query length", str(p.seqlen_q) + " < " + str(len_q) + " of sequence " + str(b));
       }
-      const int end_k = used ? used[b] : len_k;
-      const int start_k = pad ? pad[b] : 0;
+      const int64_t end_k = used ? used[b] : len_k;
+      const int64_t start_k = pad ? pad[b] : 0;
       if (used && (used[b] < 0 || used[b] > len_k)) {
         fail("seqused_k", "must be in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]", str(used[b]) + " at " + str(b));
       }
@@ -357,22 +519,26 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
       if (p.paged && len_k > key_rows) {
         fail("block_table", "must hold every sequence's keys (" + str(len_k) + " at sequence " + str(b) + ")", str(key_rows) + " rows");
       }
+      if (table) check_pages_in_use(table, args.block_table, k.shape[0], p.page_size, b, start_k, end_k);
     }
-    if (cu_q[p.batch] > q.shape[0]) fail("cu_seqlens_q", "last entry must be <= total_q " + str(q.shape[0]), str(cu_q[p.batch]));
+    if (cu_q[p.batch] != q.shape[0]) {
+      fail("cu_seqlens_q", "last entry must equal total_q " + str(q.shape[0]) + " (every row of q and out belongs to a sequence)", str(cu_q[p.batch]));
+    }
     if (!p.paged && cu_k[p.batch] > k.shape[0]) fail("cu_seqlens_k", "last entry must be <= total_k " + str(k.shape[0]), str(cu_k[p.batch]));
   }
   return p;
 }
 
-Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                         const Tensor& out, const KVCacheArgs& args,
-                         const AttentionOptions& options) {
+namespace {
+
+Problem check_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      const Tensor* out, const KVCacheArgs& args, const AttentionOptions& options) {
   require_defined(q, "q");
   require_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
   require_defined(k_cache, "k_cache");
   require_defined(v_cache, "v_cache");
-  check_q_k_v(q, k_cache, v_cache, "k_cache", "v_cache");
-  require_ndim(k_cache, "k_cache", 4, "(batch_cache, seqlen_cache, heads_k, head_dim) or (num_pages, page_size, heads_k, head_dim)");
+  check_q_k_v(q, k_cache, v_cache, "k_cache", "v_cache", 4,
+              "(batch_cache, seqlen_cache, heads_k, head_dim) or (num_pages, page_size, heads_k, head_dim)");
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
@@ -387,7 +553,7 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
   require_dim(k_cache, "k_cache", 3, p.head_dim, "q's head dim");
   check_heads(p.heads, p.heads_k, "k_cache");
   check_head_dim(q, p.head_dim);
-  check_out(out, q);
+  if (out) check_out(*out, q);
 
   if (p.paged) {
     if (args.cache_batch_idx.defined()) {
@@ -395,13 +561,19 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
     }
     p.page_size = int(k_cache.shape[1]);
     check_block_table(args.block_table, q, k_cache, p.batch, "block_table", "k_cache");
-    p.seqlen_k = int(args.block_table.shape[1]) * p.page_size;
+    const int64_t capacity = args.block_table.shape[1] * int64_t(p.page_size);
+    if (capacity > kMaxIndex) {
+      fail("block_table", "max_pages x page_size (the keys a sequence can hold) must be below 2^31 (key positions are int32)",
+           str(args.block_table.shape[1]) + " x " + str(p.page_size));
+    }
+    p.seqlen_k = int(capacity);
   } else {
     p.seqlen_k = int(k_cache.shape[1]);
     if (!args.cache_batch_idx.defined()) {
       require_dim(k_cache, "k_cache", 0, p.batch, "q's batch size (or give cache_batch_idx)");
     }
   }
+  check_int32_limits(p, "q", p.paged ? "block_table" : "k_cache");
   check_index_vector(args.cache_seqlens, "cache_seqlens", q, p.batch, "batch");
   check_index_vector(args.cache_batch_idx, "cache_batch_idx", q, p.batch, "batch");
   check_index_vector(args.cache_leftpad, "cache_leftpad", q, p.batch, "batch");
@@ -458,27 +630,58 @@ Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
     fail("num_splits", "must be in [0, 128] (0 = heuristic)", str(args.num_splits));
   }
   check_options(options, q, p, 0);
+  const bool appends = p.seqlen_new > 0;
+  check_outputs_alone(kvcache_args(q, k_cache, v_cache, out, args, options, appends));
 
-  // Values, when they are readable on the host.
+  // Values, when they are readable on the host (positions in 64 bits: an int32 length plus the
+  // appended rows may pass 2^31).
   const int* seqlens = host_ints(args.cache_seqlens);
   const int* batch_idx = host_ints(args.cache_batch_idx);
   const int* leftpad = host_ints(args.cache_leftpad);
+  const int* table = p.paged ? host_ints(args.block_table) : nullptr;
+  const bool q_per_row = rotary_q_per_row(options);
   for (int b = 0; b < p.batch; ++b) {
     if (batch_idx && (batch_idx[b] < 0 || batch_idx[b] >= k_cache.shape[0])) {
       fail("cache_batch_idx", "entries must be in [0, " + str(k_cache.shape[0]) + ")", str(batch_idx[b]) + " at " + str(b));
     }
-    const int end = seqlens ? seqlens[b] : p.seqlen_k;
-    if (seqlens && (end < 0 || end + p.seqlen_new > p.seqlen_k)) {
-      fail("cache_seqlens", "entries plus seqlen_new (" + str(p.seqlen_new) + ") must be in [0, " + str(p.seqlen_k) + "]", str(end) + " at " + str(b));
+    const int64_t start = seqlens ? seqlens[b] : p.seqlen_k;  // where appended rows go
+    if (seqlens && (start < 0 || start + p.seqlen_new > p.seqlen_k)) {
+      fail("cache_seqlens", "entries plus seqlen_new (" + str(p.seqlen_new) + ") must be in [0, " + str(p.seqlen_k) + "]", str(start) + " at " + str(b));
     }
-    if (leftpad && (leftpad[b] < 0 || leftpad[b] > end)) {
-      fail("cache_leftpad", "entries must be in [0, cache_seqlens[b]]", str(leftpad[b]) + " at " + str(b));
+    const int64_t first_key = leftpad ? leftpad[b] : 0;
+    if (leftpad && (first_key < 0 || first_key > start)) {
+      fail("cache_leftpad", "entries must be in [0, cache_seqlens[b]]", str(first_key) + " at " + str(b));
+    }
+    if (table) check_pages_in_use(table, args.block_table, k_cache.shape[0], p.page_size, b, first_key, start + p.seqlen_new);
+    if (p.rotary_dim > 0 && seqlens && p.seqlen_q > 0) {
+      const int64_t last_q_position = start + (q_per_row ? p.seqlen_q - 1 : 0);
+      if (last_q_position >= args.rotary_cos.shape[0]) {
+        fail("rotary_cos", std::string("must have a row for every rotary position of q (cache_seqlens[b]") +
+                               (q_per_row ? " + i, causal or local" : "") + ")",
+             "position " + str(last_q_position) + " of sequence " + str(b) + ", " + str(args.rotary_cos.shape[0]) + " rows");
+      }
     }
   }
+  if (appends && seqlens && (batch_idx || table)) check_append_targets(p, seqlens, batch_idx, table, args.block_table);
   return p;
 }
 
-void validate_workspace(const KVCacheArgs& args, size_t needed_bytes) {
+}  // namespace
+
+Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const Tensor& out, const KVCacheArgs& args,
+                         const AttentionOptions& options) {
+  return check_kvcache(q, k_cache, v_cache, &out, args, options);
+}
+
+Problem validate_kvcache_plan(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const KVCacheArgs& args, const AttentionOptions& options) {
+  return check_kvcache(q, k_cache, v_cache, nullptr, args, options);
+}
+
+void validate_workspace(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& out, const KVCacheArgs& args,
+                        const AttentionOptions& options, size_t needed_bytes) {
   if (args.workspace == nullptr) {
     if (args.workspace_bytes != 0) fail("workspace", "is null but workspace_bytes is set", str(int64_t(args.workspace_bytes)));
     return;
@@ -489,6 +692,12 @@ void validate_workspace(const KVCacheArgs& args, size_t needed_bytes) {
   if (args.workspace_bytes < needed_bytes) {
     fail("workspace_bytes", "must be >= plan_kvcache(...).workspace_bytes = " + str(int64_t(needed_bytes)), str(int64_t(args.workspace_bytes)));
   }
+  // The bytes the call uses (all of them: which depends on the plan) share nothing with the
+  // other arguments.
+  const Tensor workspace = byte_range_view(args.workspace, needed_bytes, q.device, q.device_index);
+  std::vector<Arg> all = kvcache_args(q, k_cache, v_cache, &out, args, options, false);
+  all.push_back({&workspace, "workspace", true});
+  check_written_alone(all, all.size() - 1);
 }
 
 }  // namespace flashattn

@@ -34,9 +34,19 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
 Problem validate_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const Tensor& out, const KVCacheArgs& args,
                          const AttentionOptions& options);
+// The same rules for plan_kvcache, which has no output.
+Problem validate_kvcache_plan(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const KVCacheArgs& args, const AttentionOptions& options);
 
-// The workspace given to forward_kvcache, checked against what the plan needs.
-void validate_workspace(const KVCacheArgs& args, size_t needed_bytes);
+// The workspace given to forward_kvcache, checked against what the plan needs; the bytes the
+// call uses share no memory with the call's other arguments.
+void validate_workspace(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& out, const KVCacheArgs& args,
+                        const AttentionOptions& options, size_t needed_bytes);
+
+// Rotary position of query i: cache_seqlens[b] + i when causal or local, else cache_seqlens[b]
+// for every query (FlashAttention-2's rule).
+bool rotary_q_per_row(const AttentionOptions& options);
 
 std::string shape_string(const Tensor& t);  // "(2, 128, 8, 64)"
 

@@ -13,30 +13,32 @@ namespace flashattn {
 namespace cpu {
 namespace {
 
-int cache_seqlen(const AppendParams& p, int b) { return p.cache_seqlens ? p.cache_seqlens[b] : 0; }
+// Positions are int64 here: validation keeps cache_seqlens[b] + s_new within the cache, and
+// an int32 sum could not even represent the one past it.
+int64_t cache_seqlen(const AppendParams& p, int b) { return p.cache_seqlens ? p.cache_seqlens[b] : 0; }
 
 // Element offset of absolute cache row `pos` of batch b, KV head hk (params.h addressing, no
 // leftpad, no varlen).
-int64_t cache_row_offset(const AppendParams& p, int b, int pos, int64_t batch_stride,
+int64_t cache_row_offset(const AppendParams& p, int b, int64_t pos, int64_t batch_stride,
                          int64_t row_stride, int64_t head_stride, int hk) {
   if (p.block_table) {
     const int page = p.block_table[b * p.block_table_batch_stride + pos / p.page_size];
-    return page * batch_stride + int64_t(pos % p.page_size) * row_stride + hk * head_stride;
+    return page * batch_stride + (pos % p.page_size) * row_stride + hk * head_stride;
   }
   const int cache_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
-  return cache_b * batch_stride + int64_t(pos) * row_stride + hk * head_stride;
+  return cache_b * batch_stride + pos * row_stride + hk * head_stride;
 }
 
 // dst = src rotated at position `pos` (elements c >= rotary_dim copied). `row` is fp32
 // scratch of head_dim; going through it lets src and dst alias.
 template <typename S>
-void rotate_row(const AppendParams& p, const typename S::Element* src, int pos,
+void rotate_row(const AppendParams& p, const typename S::Element* src, int64_t pos,
                 typename S::Element* dst, std::vector<float>& row) {
   using T = typename S::Element;
   const int d = p.head_dim;
   load_row<S>(src, d, row.data());
-  const T* cos_row = static_cast<const T*>(p.rotary_cos) + int64_t(pos) * p.rotary_row_stride;
-  const T* sin_row = static_cast<const T*>(p.rotary_sin) + int64_t(pos) * p.rotary_row_stride;
+  const T* cos_row = static_cast<const T*>(p.rotary_cos) + pos * p.rotary_row_stride;
+  const T* sin_row = static_cast<const T*>(p.rotary_sin) + pos * p.rotary_row_stride;
   for (int c = 0; c < p.rotary_dim; ++c) {
     const RotaryPair pair = rotary_pair(c, p.rotary_dim, p.rotary_interleaved);
     const float x = S::load(src[c]);
@@ -55,7 +57,7 @@ void copy_row(const typename S::Element* src, int d, typename S::Element* dst) {
 template <typename S>
 void append_row(const AppendParams& p, int b, int t, std::vector<float>& row) {
   using T = typename S::Element;
-  const int pos = cache_seqlen(p, b) + t;
+  const int64_t pos = cache_seqlen(p, b) + t;
   const T* k_new = static_cast<const T*>(p.k_new);
   const T* v_new = static_cast<const T*>(p.v_new);
   T* k_cache = static_cast<T*>(p.k_cache);
@@ -80,7 +82,7 @@ void append_row(const AppendParams& p, int b, int t, std::vector<float>& row) {
 template <typename S>
 void rotate_q_row(const AppendParams& p, int b, int i, std::vector<float>& row) {
   using T = typename S::Element;
-  const int pos = cache_seqlen(p, b) + (p.rotary_q_per_row ? i : 0);
+  const int64_t pos = cache_seqlen(p, b) + (p.rotary_q_per_row ? i : 0);
   const T* q = static_cast<const T*>(p.q);
   T* q_rot = static_cast<T*>(p.q_rot);
   for (int h = 0; h < p.num_heads; ++h) {

@@ -3,8 +3,12 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "flashattn/flashattn.h"
 
 namespace flashattn {
 namespace cpu {
@@ -39,9 +43,23 @@ void parallel_for(int64_t items, int workers, const std::function<void(int64_t, 
   };
   std::vector<std::thread> threads;
   threads.reserve(workers - 1);
-  for (int w = 1; w < workers; ++w) threads.emplace_back(worker_loop, w);
-  worker_loop(0);
+  std::string start_failure;
+  for (int w = 1; w < workers; ++w) {
+    try {
+      threads.emplace_back(worker_loop, w);
+    } catch (const std::system_error& e) {
+      // Out of threads (or of address space for their stacks): stop the workers started so
+      // far, and report it, rather than leave joinable threads behind (std::terminate).
+      start_failure = "CPU backend: could not start worker thread " + std::to_string(w) + " of " +
+                      std::to_string(workers) + " (" + e.what() +
+                      "); fewer threads (AttentionOptions::num_threads) may help";
+      failed.store(true);
+      break;
+    }
+  }
+  if (start_failure.empty()) worker_loop(0);
   for (auto& t : threads) t.join();
+  if (!start_failure.empty()) throw Error(Error::Kind::runtime, start_failure);
   if (error) std::rethrow_exception(error);
 }
 

@@ -14,7 +14,8 @@ int resolve_threads(int requested, int64_t items);
 
 // Runs body(item, worker) for item in [0, items) on `workers` threads (the caller is worker 0);
 // `workers` should come from resolve_threads. The first exception thrown by a body is rethrown
-// here after all workers stopped.
+// here after all workers stopped; a worker thread that cannot be started stops the others and
+// throws flashattn::Error (runtime), some items possibly done.
 void parallel_for(int64_t items, int workers, const std::function<void(int64_t, int)>& body);
 
 }  // namespace cpu
