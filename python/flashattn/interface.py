@@ -73,7 +73,8 @@ def _int(value, name, lo, hi, meaning=None):
                         f"({value!r})") from None
     if not lo <= n <= hi:
         note = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{name}: must be in [{lo}, {hi}]{note} (got {n})")
+        bounds = f">= {lo}" if hi == float("inf") else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: must be {bounds}{note} (got {n})")
     return n
 
 

@@ -119,11 +119,12 @@ TEST_P(ForwardRule, RejectsAndWritesNothing) {
   const Rule& r = GetParam();
   DenseSetup d;
   r.breaks(d);
-  const std::vector<uint16_t> out_before = d.s.out;
+  const std::vector<uint16_t> out_before = d.s.out, q_before = d.s.q, k_before = d.s.k, v_before = d.s.v;
   const std::vector<float> lse_before = d.s.lse;
   EXPECT_TRUE(rejected(capture([&] { d.call(); }), r.arg, r.kind));
   EXPECT_TRUE(d.s.out == out_before) << "out was written";
   EXPECT_EQ(std::memcmp(d.s.lse.data(), lse_before.data(), lse_before.size() * 4), 0) << "lse was written";
+  EXPECT_TRUE(d.s.q == q_before && d.s.k == k_before && d.s.v == v_before) << "an input was written";
 }
 
 const Kind kInvalid = Kind::invalid_argument, kType = Kind::type_error;
@@ -215,6 +216,46 @@ std::vector<Rule> forward_rules() {
       {"LseOtherDevice", "softmax_lse", kInvalid, [cuda](DenseSetup& d) {
          d.o.softmax_lse = Tensor::contiguous(d.s.lse.data(), DType::f32, {kB, kH, kSq});
          cuda(d.o.softmax_lse);
+       }},
+      // sizes the kernels index with int32 (rejected before any element is read)
+      {"BatchAtLeast2To31", "q", kInvalid, [](DenseSetup& d) { d.q.shape[0] = int64_t(1) << 31; }},
+      {"SeqlenQAtLeast2To31", "q", kInvalid, [](DenseSetup& d) { d.q.shape[1] = int64_t(1) << 31; }},
+      {"HeadsAbove2To32", "q", kInvalid, [](DenseSetup& d) { d.q.shape[2] = (int64_t(1) << 32) + 1; }},
+      {"SeqlenKAtLeast2To31", "k", kInvalid, [](DenseSetup& d) { d.k.shape[1] = d.v.shape[1] = int64_t(1) << 31; }},
+      {"SeqlenSumAtLeast2To31", "k", kInvalid, [](DenseSetup& d) {
+         d.q.shape[1] = d.out.shape[1] = int64_t(1) << 30;
+         d.k.shape[1] = d.v.shape[1] = int64_t(1) << 30;
+       }},
+      {"PackedQueryRowsAtLeast2To31", "q", kInvalid, [](DenseSetup& d) {
+         d.q.shape[1] = d.out.shape[1] = 64;
+         d.q.shape[2] = d.out.shape[2] = int64_t(1) << 26;  // 2^26 query heads on one KV head
+         d.k.shape[2] = d.v.shape[2] = 1;
+       }},
+      {"OutputElementsAtLeast2To53", "q", kInvalid, [](DenseSetup& d) {
+         d.q.shape[0] = d.k.shape[0] = d.v.shape[0] = d.out.shape[0] = int64_t(1) << 30;
+         d.q.shape[1] = d.out.shape[1] = int64_t(1) << 20;
+         d.q.shape[2] = d.out.shape[2] = 16;
+         d.k.shape[2] = d.v.shape[2] = 16;
+       }},
+      // outputs that share memory with an input or with themselves
+      {"OutIsQ", "out", kInvalid, [](DenseSetup& d) { d.out = d.q; }},
+      {"OutOverlapsK", "out", kInvalid, [](DenseSetup& d) { d.out = t16(d.s.k, {kB, kSq, kH, kD}); }},
+      {"OutOverlapsLastElementOfV", "out", kInvalid, [](DenseSetup& d) {
+         d.out = Tensor::contiguous(d.s.v.data() + (kB * kSk * kHk * kD - 1), DType::f16, {kB, kSq, kH, kD});
+       }},
+      {"OutRowsShareMemory", "out", kInvalid, [](DenseSetup& d) { d.out.stride[1] = 0; }},
+      {"OutOverlapsLse", "out", kInvalid, [](DenseSetup& d) {
+         d.o.softmax_lse = Tensor::contiguous(d.s.out.data(), DType::f32, {kB, kH, kSq});
+       }},
+      {"LseOverlapsQ", "softmax_lse", kInvalid, [](DenseSetup& d) {
+         d.o.softmax_lse = Tensor::contiguous(d.s.q.data(), DType::f32, {kB, kH, kSq});
+       }},
+      {"LseOverlapsAlibi", "softmax_lse", kInvalid, [](DenseSetup& d) {
+         d.o.softmax_lse = Tensor::contiguous(d.s.lse.data(), DType::f32, {kB, kH, kSq});
+         d.o.alibi_slopes = Tensor::contiguous(d.s.lse.data() + 3, DType::f32, {kH});
+       }},
+      {"LseRowsShareMemory", "softmax_lse", kInvalid, [](DenseSetup& d) {
+         d.o.softmax_lse = Tensor::strided(d.s.lse.data(), DType::f32, {kB, kH, kSq}, {0, kSq, 1});
        }},
       // CUDA-only rules, on CUDA-tagged views (rejected before any access)
       {"CudaFp32", "q", kType, [cuda](DenseSetup& d) {
@@ -379,6 +420,30 @@ std::vector<VarlenRule> varlen_rules() {
          d.s.ints3 = {-1, 0};
          d.a.leftpad_k = vec(d.s.ints3, 2);
        }},
+      // lengths are differences of int32 entries: computed in 64 bits, an overflow is a decrease
+      {"CuSeqlensQDifferenceOverflows", "cu_seqlens_q", kInvalid, [](VarlenSetup& d) {
+         d.s.ints = {0, 2, std::numeric_limits<int>::min()};
+       }},
+      {"CuSeqlensKDifferenceOverflows", "cu_seqlens_k", kInvalid, [](VarlenSetup& d) {
+         d.s.ints2 = {0, 4, std::numeric_limits<int>::min()};
+       }},
+      {"CuSeqlensKUpToInt32Max", "max_seqlen_k", kInvalid, [](VarlenSetup& d) {
+         d.s.ints2 = {0, std::numeric_limits<int>::max(), std::numeric_limits<int>::min()};
+         d.a.max_seqlen_k = std::numeric_limits<int>::max();
+       }},
+      {"MaxSeqlensSumAtLeast2To31", "max_seqlen_k", kInvalid, [](VarlenSetup& d) {
+         d.a.max_seqlen_q = 1 << 30;
+         d.a.max_seqlen_k = 1 << 30;
+       }},
+      {"TotalQAtLeast2To31", "q", kInvalid, [](VarlenSetup& d) { d.q.shape[0] = d.out.shape[0] = int64_t(1) << 31; }},
+      {"CuSeqlensQEndsBeforeTotal", "cu_seqlens_q", kInvalid, [](VarlenSetup& d) {
+         d.q = t16(d.s.q, {6, kH, kD});  // row 5 would belong to no sequence: never written
+         d.out = t16(d.s.out, {6, kH, kD});
+       }},
+      {"OutIsQ", "out", kInvalid, [](VarlenSetup& d) { d.out = d.q; }},
+      {"OutOverlapsCuSeqlens", "out", kInvalid, [](VarlenSetup& d) {
+         d.out = Tensor::contiguous(d.s.ints.data(), DType::f16, {5, kH, kD});
+       }},
       {"CuSeqlensQBeyondTotal", "cu_seqlens_q", kInvalid, [](VarlenSetup& d) {
          d.q = t16(d.s.q, {4, kH, kD});
          d.out = t16(d.s.out, {4, kH, kD});
@@ -411,7 +476,11 @@ std::vector<VarlenRule> varlen_rules() {
        }},
       {"BlockTableNegativePage", "block_table", kInvalid, [](VarlenSetup& d) {
          d.make_paged();
-         d.s.table[1] = -1;
+         d.s.table[0] = -1;  // sequence 0's only page in use (4 keys)
+       }},
+      {"BlockTablePaddingBeforeLastPageInUse", "block_table", kInvalid, [](VarlenSetup& d) {
+         d.make_paged();
+         d.s.table[3] = -1;  // sequence 1 (6 keys) uses columns 0 and 1
        }},
       {"BlockTableTooFewPages", "block_table", kInvalid, [](VarlenSetup& d) {
          d.make_paged();  // 1 page of 4 rows cannot hold 6 keys
@@ -505,7 +574,8 @@ TEST_P(KVCacheRuleTest, RejectsAndWritesNothing) {
 // plan_kvcache validates the same arguments (except out and the workspace).
 TEST_P(KVCacheRuleTest, PlanRejectsToo) {
   const KVRule& r = GetParam();
-  if (r.arg == "out" || r.arg == "workspace" || r.arg == "workspace_bytes") GTEST_SKIP() << "not a plan argument";
+  const bool breaks_out = r.name.rfind("Out", 0) == 0 || r.name.rfind("Workspace", 0) == 0;
+  if (r.arg == "out" || r.arg == "workspace" || r.arg == "workspace_bytes" || breaks_out) GTEST_SKIP() << "not a plan argument";
   if (r.name.rfind("Cuda", 0) == 0 && !flashattn::cuda_available()) GTEST_SKIP() << "needs a CUDA build (a compiled head dim)";
   KVSetup d;
   r.breaks(d);
@@ -632,6 +702,56 @@ std::vector<KVRule> kvcache_rules() {
        }},
       {"CacheSeqlensPlusNewBeyondCapacity", "cache_seqlens", kInvalid, [](KVSetup& d) { d.s.ints = {3, kCap - kNew + 1}; }},
       {"CacheSeqlensNegative", "cache_seqlens", kInvalid, [](KVSetup& d) { d.s.ints = {-1, 2}; }},
+      // cache_seqlens + seqlen_new in 64 bits (an int32 sum wraps to a negative row)
+      {"CacheSeqlensInt32MaxPlusNew", "cache_seqlens", kInvalid, [](KVSetup& d) {
+         d.s.ints = {std::numeric_limits<int>::max(), 2};
+       }},
+      {"PagedCacheSeqlensInt32MaxPlusNew", "cache_seqlens", kInvalid, [](KVSetup& d) {
+         d.make_paged();
+         d.s.ints = {std::numeric_limits<int>::max(), 2};
+       }},
+      {"PagedCapacityAtLeast2To31", "block_table", kInvalid, [](KVSetup& d) {
+         d.make_paged();  // (never read) 2^29 pages of 4 rows per sequence
+         d.a.block_table = Tensor::strided(d.s.table.data(), DType::i32, {kB, int64_t(1) << 29}, {0, 1});
+       }},
+      {"CacheCapacityPlusSeqlenQAtLeast2To31", "k_cache", kInvalid, [](KVSetup& d) {
+         d.kc.shape[1] = d.vc.shape[1] = std::numeric_limits<int>::max();
+       }},
+      // rotary: every position of q has a row of rotary_cos/sin (causal: cache_seqlens[b] + i)
+      {"RotaryQPositionPastTable", "rotary_cos", kInvalid, [](KVSetup& d) {
+         d.s.ints = {3, kCap - kNew};  // q rows of sequence 1 at positions 6, 7, 8
+         d.a.rotary_cos = t16(d.s.cos, {kCap, kRotHalf});
+         d.a.rotary_sin = t16(d.s.sin, {kCap, kRotHalf});
+       }},
+      // appends must not overwrite one another
+      {"DuplicateBatchIdxWithAppend", "cache_batch_idx", kInvalid, [vec](KVSetup& d) {
+         d.s.ints2 = {1, 1};
+         d.a.cache_batch_idx = vec(d.s.ints2, kB);
+       }},
+      {"TwoSequencesAppendIntoOnePage", "block_table", kInvalid, [](KVSetup& d) {
+         d.make_paged();
+         d.s.table = {4, 0, 2, 0};  // positions 4 (sequence 0) and 5, 6 (sequence 1) in page 0
+       }},
+      {"OneSequenceListsAPageTwice", "block_table", kInvalid, [](KVSetup& d) {
+         d.make_paged();
+         d.s.table = {4, 4, 2, 1};  // sequence 0 appends at positions 3 and 4: page 4 twice
+       }},
+      {"PagedEntryInUseNegative", "block_table", kInvalid, [](KVSetup& d) {
+         d.make_paged();
+         d.s.table = {4, 0, -1, 1};
+       }},
+      {"VCacheIsKCache", "k_cache", kInvalid, [](KVSetup& d) { d.vc = d.kc; }},
+      {"KCacheRowsShareMemory", "k_cache", kInvalid, [](KVSetup& d) { d.kc.stride[0] = 0; }},
+      {"KNewInsideKCache", "k_cache", kInvalid, [](KVSetup& d) { d.a.k_new = t16(d.s.k, {kB, kNew, kHk, kD}); }},
+      {"OutOverlapsKCache", "k_cache", kInvalid, [](KVSetup& d) { d.out = t16(d.s.k, {kB, kSq, kH, kD}); }},
+      {"OutIsQ", "out", kInvalid, [](KVSetup& d) { d.out = d.q; }},
+      {"OutOverlapsRotary", "out", kInvalid, [](KVSetup& d) { d.out = t16(d.s.cos, {kB, kSq, kH, kD}); }},
+      {"WorkspaceOverlapsOut", "workspace", kInvalid, [](KVSetup& d) {
+         d.a.num_splits = 3;
+         d.a.workspace = d.s.workspace;
+         d.a.workspace_bytes = sizeof(d.s.workspace);
+         d.out = Tensor::contiguous(d.s.workspace + 512, DType::f16, {kB, kSq, kH, kD});
+       }},
       {"PagedSeqlensBeyondCapacity", "cache_seqlens", kInvalid, [](KVSetup& d) {
          d.make_paged();
          d.s.ints = {kPage * kPagesPerSeq - 1, 0};
