@@ -1,0 +1,558 @@
+"""Property-based tests (hypothesis) of the Python API on the CPU backend (issue 31).
+
+Random shapes and options (causal, window, softcap, ALiBi, GQA, varlen, KV cache, paged, splits,
+append, rotary), some with one bad value, go through flashattn's calls. Each call must either
+
+* return what the float64 oracle (reference.py) computes, within the suite's pass rule (and, for
+  a KV cache, leave the cache as the oracle's appends do), or
+* raise ValueError / TypeError whose message starts with an argument name, with every array of
+  the call left as it was;
+
+and a bad value the library must refuse (marked so by its generator) must be refused.
+
+The calls run in a worker process (fork), so that a crash fails the example instead of killing
+pytest: the parent sees the worker die, reports the case and the signal, and starts a new one.
+faulthandler prints the worker's stack on a fatal signal.
+
+Runtime is bounded for CI (2 cores): FLASHATTN_FUZZ_EXAMPLES examples per test (default 1000),
+derandomized (the same examples every run), no example database. For a longer local search:
+FLASHATTN_FUZZ_EXAMPLES=5000 FLASHATTN_FUZZ_RANDOM=1 pytest test_fuzz.py --hypothesis-seed=7
+"""
+from __future__ import annotations
+
+import faulthandler
+import math
+import multiprocessing
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import reference as ref  # noqa: E402
+from conftest import assert_attention_close, assert_lse_close  # noqa: E402
+
+EXAMPLES = int(os.environ.get("FLASHATTN_FUZZ_EXAMPLES", "1000"))
+CALL_TIMEOUT_S = 120
+INT32_MAX = 2**31 - 1
+# FLASHATTN_FUZZ_RANDOM=1: fresh examples each run (with pytest --hypothesis-seed=N to repeat one).
+DERANDOMIZE = not os.environ.get("FLASHATTN_FUZZ_RANDOM")
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# "name: rule ..." where name is an argument (window_size[0], cu_seqlens_q, k_cache, ...)
+ERROR_MESSAGE = re.compile(r"^[a-z_]+(\[\d\])?: \S")
+
+
+# =================================================================================================
+# The worker: runs one call, reports its result, its error, and which arrays it changed
+# =================================================================================================
+
+def _apply_aliases(kwargs, aliases):
+    """Arguments that share memory, made in the process that calls (pickling breaks views):
+    ("same", dst, src) passes src as dst; ("view", dst, src) passes a view of src's memory with
+    dst's shape."""
+    for how, dst, src in aliases:
+        if how == "same":
+            kwargs[dst] = kwargs[src]
+        else:
+            shape = kwargs[dst].shape
+            kwargs[dst] = kwargs[src].reshape(-1)[:math.prod(shape)].reshape(shape)
+
+
+def _arrays(kwargs):
+    return {name: a for name, a in kwargs.items() if isinstance(a, np.ndarray)}
+
+
+def _run_call(case):
+    import flashattn
+
+    if case["fn"] == "_crash_for_test":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    flashattn.set_num_threads(case["threads"])
+    kwargs = dict(case["kwargs"])
+    _apply_aliases(kwargs, case["aliases"])
+    before = {name: a.copy() for name, a in _arrays(kwargs).items()}
+    result, error = None, None
+    try:
+        result = getattr(flashattn, case["fn"])(**kwargs)
+    except Exception as e:  # noqa: BLE001 - every kind is reported to the parent
+        error = (type(e).__name__, str(e))
+    changed = sorted(name for name, a in _arrays(kwargs).items()
+                     if a.tobytes() != before[name].tobytes())
+    caches = {name: kwargs[name].copy() for name in ("k_cache", "v_cache") if name in kwargs}
+    return {"result": result, "error": error, "changed": changed, "caches": caches}
+
+
+def _serve(conn):
+    faulthandler.enable()
+    while True:
+        case = conn.recv()
+        conn.send(_run_call(case))
+
+
+class Worker:
+    """One process that runs calls; restarted after a crash or a hang."""
+
+    def __init__(self):
+        self._ctx = multiprocessing.get_context("fork")
+        self._start()
+
+    def _start(self):
+        self.conn, child = self._ctx.Pipe()
+        self.proc = self._ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def run(self, case):
+        """The worker's report, or {"crash": text} when it died or hung."""
+        try:
+            self.conn.send(case)
+            if self.conn.poll(CALL_TIMEOUT_S):
+                return self.conn.recv()
+            what = f"no answer within {CALL_TIMEOUT_S} s"
+        except (EOFError, OSError):
+            what = "the worker process died"
+        self.proc.join(1)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        what += f" (exit code {self.proc.exitcode})"
+        self._start()
+        return {"crash": what}
+
+    def close(self):
+        self.proc.kill()
+        self.proc.join()
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker()
+    yield w
+    w.close()
+
+
+# =================================================================================================
+# Cases
+# =================================================================================================
+
+def _randn(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@st.composite
+def _common(draw, batch, heads, head_dim):
+    """Options shared by every call (flash_attn keyword names). softmax_scale stays within 2x of
+    1/sqrt(d): far sharper softmaxes would need a looser fp32 pass rule than the suite's."""
+    causal = draw(st.booleans())
+    side = st.one_of(st.just(-1), st.integers(0, 40), st.sampled_from([INT32_MAX, 2**40]))
+    window = (draw(side), draw(side)) if draw(st.booleans()) else (-1, -1)
+    alibi = draw(st.sampled_from([None, "h", "bh"]))
+    factor = draw(st.sampled_from([None, None, 0.5, 2.0]))
+    return dict(causal=causal, window_size=window,
+                softcap=draw(st.sampled_from([0.0, 0.0, 0.7, 30.0])),
+                softmax_scale=(None if factor is None else factor / math.sqrt(head_dim)),
+                alibi=alibi)
+
+
+def _alibi(rng, kind, batch, heads):
+    if kind is None:
+        return None
+    return rng.uniform(0.0, 1.0, (heads,) if kind == "h" else (batch, heads)).astype(np.float32)
+
+
+def _sizes(draw):
+    hk = draw(st.sampled_from([1, 2, 3]))
+    return dict(hk=hk, h=hk * draw(st.sampled_from([1, 2, 4])),
+                d=draw(st.sampled_from([8, 16, 20, 32, 64, 72, 128])),
+                dtype=draw(st.sampled_from(["float16", "float32"])))
+
+
+def _case(fn, kwargs, oracle, bad=None, must_fail=False, aliases=(), threads=0):
+    """A call and how to judge it. out is NaN-poisoned, so that an unwritten row shows."""
+    q = kwargs.get("q")
+    if "out" not in kwargs and isinstance(q, np.ndarray):
+        kwargs["out"] = np.full_like(q, np.nan)
+    return dict(fn=fn, kwargs=kwargs, oracle=oracle, bad=bad, must_fail=must_fail,
+                aliases=list(aliases), threads=threads)
+
+
+# ---- dense ------------------------------------------------------------------------------------
+
+DENSE_BAD = ["k_rank3", "heads_not_multiple", "dtype_differs", "out_is_q", "out_in_k",
+             "window_below", "softcap_negative", "scale_nan", "alibi_shape", "k_none",
+             "alibi_int"]
+
+
+@st.composite
+def dense_cases(draw):
+    s = _sizes(draw)
+    b, sq, sk = draw(st.integers(0, 3)), draw(st.integers(0, 40)), draw(st.integers(0, 80))
+    o = draw(_common(b, s["h"], s["d"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dt = s["dtype"]
+    kw = dict(q=_randn(rng, (b, sq, s["h"], s["d"]), dt), k=_randn(rng, (b, sk, s["hk"], s["d"]), dt),
+              v=_randn(rng, (b, sk, s["hk"], s["d"]), dt), causal=o["causal"],
+              window_size=o["window_size"], softcap=o["softcap"], softmax_scale=o["softmax_scale"],
+              alibi_slopes=_alibi(rng, o["alibi"], b, s["h"]), return_attn_probs=True)
+    threads = draw(st.sampled_from([0, 1, 3]))
+    bad = draw(st.sampled_from([None] * 3 + DENSE_BAD))
+    aliases, must_fail = [], bad is not None
+    q = kw["q"]
+    if bad == "k_rank3":
+        kw["k"] = kw["k"][:, :, 0]
+    elif bad == "heads_not_multiple":
+        kw["k"] = kw["v"] = _randn(rng, (b, sk, s["h"] + 1, s["d"]), dt)
+    elif bad == "dtype_differs":
+        kw["v"] = kw["v"].astype("float32" if dt == "float16" else "float16")
+    elif bad == "out_is_q":
+        kw["out"] = q
+        aliases = [("same", "out", "q")]
+        must_fail = q.size > 0
+    elif bad == "out_in_k" and q.size > 0:  # out a view of k's memory (k as large as q)
+        group = s["h"] // s["hk"]
+        kw["k"] = kw["v"] = _randn(rng, (b, sq * group, s["hk"], s["d"]), dt)
+        kw["out"] = np.empty_like(q)
+        aliases = [("view", "out", "k")]
+    elif bad == "out_in_k":
+        bad, must_fail = None, False
+    elif bad == "window_below":
+        kw["window_size"] = (-2, o["window_size"][1])
+    elif bad == "softcap_negative":
+        kw["softcap"] = -1.0
+    elif bad == "scale_nan":
+        kw["softmax_scale"] = float("nan")
+    elif bad == "alibi_shape":
+        kw["alibi_slopes"] = np.ones((s["h"] + 1,), np.float32)
+    elif bad == "k_none":
+        kw["k"] = None
+    elif bad == "alibi_int":
+        kw["alibi_slopes"] = np.ones((s["h"],), np.int32)
+    return _case("flash_attn_func", kw, "dense", bad, must_fail, aliases, threads)
+
+
+# ---- varlen -----------------------------------------------------------------------------------
+
+VARLEN_BAD = ["cu_q_short_of_total", "cu_k_decrease", "cu_k_wraps", "max_seqlen_q_small",
+              "max_seqlen_huge", "seqused_beyond", "leftpad_beyond", "page_in_use_invalid",
+              "cu_float", "out_is_q"]
+
+
+@st.composite
+def varlen_cases(draw):
+    s = _sizes(draw)
+    dt = s["dtype"]
+    b = draw(st.integers(0, 3))
+    lens_q = [draw(st.integers(0, 30)) for _ in range(b)]
+    lens_k = [draw(st.integers(0, 60)) for _ in range(b)]
+    paged = draw(st.booleans())
+    use_seqused = b > 0 and draw(st.booleans())
+    use_leftpad = b > 0 and draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    ends = [int(rng.integers(0, n + 1)) if use_seqused else n for n in lens_k]
+    starts = [int(rng.integers(0, e + 1)) if use_leftpad else 0 for e in ends]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    o = draw(_common(b, s["h"], s["d"]))
+    kw = dict(q=_randn(rng, (int(cu_q[-1]), s["h"], s["d"]), dt), cu_seqlens_q=cu_q,
+              cu_seqlens_k=cu_k,
+              max_seqlen_q=max(lens_q, default=0) + draw(st.integers(0, 2)),
+              max_seqlen_k=max([e - st_ for e, st_ in zip(ends, starts)], default=0)
+              + draw(st.integers(0, 2)),
+              causal=o["causal"], window_size=o["window_size"], softcap=o["softcap"],
+              softmax_scale=o["softmax_scale"], alibi_slopes=_alibi(rng, o["alibi"], b, s["h"]),
+              return_attn_probs=True)
+    if paged:
+        page = draw(st.sampled_from([1, 4, 16]))
+        pages = [-(-n // page) for n in lens_k]
+        columns = max(pages, default=0) + draw(st.integers(0, 2))
+        num_pages = sum(pages) + draw(st.integers(0, 3))
+        order = rng.permutation(num_pages)
+        pad = -1 if draw(st.booleans()) else 0  # padding past the pages in use: -1 or page 0
+        table = np.full((b, columns), pad, np.int32)
+        used = 0
+        for i, n in enumerate(pages):
+            table[i, :n] = order[used:used + n]
+            used += n
+        if num_pages == 0:
+            table[:] = pad
+        kw["k"] = _randn(rng, (max(num_pages, 1), page, s["hk"], s["d"]), dt)
+        kw["v"] = _randn(rng, kw["k"].shape, dt)
+        kw["block_table"] = table
+    else:
+        kw["k"] = _randn(rng, (int(cu_k[-1]), s["hk"], s["d"]), dt)
+        kw["v"] = _randn(rng, kw["k"].shape, dt)
+    if use_seqused:
+        kw["seqused_k"] = np.array(ends, np.int32)
+    if use_leftpad:
+        kw["leftpad_k"] = np.array(starts, np.int32)
+    bad = draw(st.sampled_from([None] * 3 + VARLEN_BAD))
+    aliases, must_fail = [], True
+    if bad == "cu_q_short_of_total" and kw["q"].shape[0] > 0:
+        kw["cu_seqlens_q"] = cu_q.copy()
+        kw["cu_seqlens_q"][-1] -= 1
+    elif bad == "cu_k_decrease" and b >= 1:
+        kw["cu_seqlens_k"] = cu_k.copy()
+        kw["cu_seqlens_k"][1] = -5
+    elif bad == "cu_k_wraps" and b >= 2:
+        kw["cu_seqlens_k"] = cu_k.copy()
+        kw["cu_seqlens_k"][2] = -2**31  # cu_k[2] - cu_k[1] wraps to a positive int32
+    elif bad == "max_seqlen_q_small" and max(lens_q, default=0) > 0:
+        kw["max_seqlen_q"] = max(lens_q) - 1
+    elif bad == "max_seqlen_huge":
+        kw["max_seqlen_q"] = 2**40
+    elif bad == "seqused_beyond" and use_seqused:
+        kw["seqused_k"] = kw["seqused_k"].copy()
+        kw["seqused_k"][0] = lens_k[0] + 1
+    elif bad == "leftpad_beyond" and use_leftpad:
+        kw["leftpad_k"] = kw["leftpad_k"].copy()
+        kw["leftpad_k"][0] = ends[0] + 1
+    elif bad == "page_in_use_invalid" and paged and ends and ends[0] > starts[0]:
+        kw["block_table"] = kw["block_table"].copy()
+        kw["block_table"][0, (ends[0] - 1) // page] = draw(st.sampled_from([-1, kw["k"].shape[0]]))
+    elif bad == "cu_float":
+        kw["cu_seqlens_q"] = cu_q.astype(np.float32)
+    elif bad == "out_is_q":
+        kw["out"] = kw["q"]
+        aliases = [("same", "out", "q")]
+        must_fail = kw["q"].size > 0
+    else:
+        bad, must_fail = None, False
+    return _case("flash_attn_varlen_func", kw, "varlen", bad, must_fail, aliases,
+                 draw(st.sampled_from([0, 1, 3])))
+
+
+# ---- kv cache -----------------------------------------------------------------------------------
+
+KV_BAD = ["seqlens_int32_max", "seqlens_negative", "seqlens_past_capacity", "seqlens_int_huge",
+          "splits_huge", "splits_129", "dup_batch_idx", "pages_shared_by_appends",
+          "v_cache_is_k_cache", "rotary_short", "rotary_q_past_table", "page_in_use_invalid",
+          "k_new_dtype", "leftpad_beyond", "batch_idx_out_of_range", "out_is_q"]
+
+
+@st.composite
+def kvcache_cases(draw):
+    s = _sizes(draw)
+    dt, hk, d = s["dtype"], s["hk"], s["d"]
+    b = draw(st.integers(0, 3))
+    sq = draw(st.sampled_from([0, 1, 1, 2, 3, 7, 16]))
+    s_new = draw(st.sampled_from([0, 0, 1, 2, 4]))
+    paged = draw(st.booleans())
+    page = draw(st.sampled_from([1, 3, 8, 16])) if paged else 0
+    capacity = draw(st.integers(max(s_new, 1), 48))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    seqlens = rng.integers(0, capacity - s_new + 1, b).astype(np.int32)
+    o = draw(_common(b, s["h"], s["d"]))
+    kw = dict(q=_randn(rng, (b, sq, s["h"], d), dt), causal=o["causal"],
+              window_size=o["window_size"], softcap=o["softcap"],
+              softmax_scale=o["softmax_scale"], alibi_slopes=_alibi(rng, o["alibi"], b, s["h"]),
+              num_splits=draw(st.sampled_from([0, 0, 1, 2, 3, 5])), return_softmax_lse=True)
+    same_lengths = b > 0 and draw(st.integers(0, 4)) == 0  # cache_seqlens as a Python int
+    if same_lengths:
+        seqlens[:] = seqlens[0]
+    kw["cache_seqlens"] = int(seqlens[0]) if same_lengths else seqlens
+    if paged:
+        columns = -(-capacity // page)
+        capacity = columns * page
+        in_use = [-(-(int(n) + s_new) // page) for n in seqlens]
+        num_pages = b * columns + draw(st.integers(0, 2))
+        order = rng.permutation(num_pages)
+        pad = -1 if draw(st.booleans()) else 0
+        table = np.full((b, columns), pad, np.int32)
+        for i in range(b):
+            table[i, :in_use[i]] = order[i * columns:i * columns + in_use[i]]
+        kw["k_cache"] = _randn(rng, (max(num_pages, 1), page, hk, d), dt)
+        kw["block_table"] = table
+    else:
+        rows = b + draw(st.integers(0, 2))
+        kw["k_cache"] = _randn(rng, (rows, capacity, hk, d), dt)
+        if rows > b or draw(st.booleans()):
+            kw["cache_batch_idx"] = rng.permutation(rows)[:b].astype(np.int32)
+    kw["v_cache"] = _randn(rng, kw["k_cache"].shape, dt)
+    if s_new or draw(st.booleans()):
+        kw["k"] = _randn(rng, (b, s_new, hk, d), dt)
+        kw["v"] = _randn(rng, (b, s_new, hk, d), dt)
+    if b > 0 and draw(st.booleans()):
+        kw["cache_leftpad"] = np.array([rng.integers(0, n + 1) for n in seqlens], np.int32)
+    rotary = draw(st.booleans())
+    if rotary:
+        half = draw(st.integers(1, d // 2))
+        kw["rotary_cos"] = _randn(rng, (capacity + sq, half), dt)
+        kw["rotary_sin"] = _randn(rng, (capacity + sq, half), dt)
+        kw["rotary_interleaved"] = draw(st.booleans())
+    bad = draw(st.sampled_from([None] * 4 + KV_BAD))
+    aliases, must_fail = [], True
+    per_row = o["causal"] or o["window_size"] != (-1, -1)
+    if bad == "seqlens_int32_max" and b > 0 and not same_lengths:
+        kw["cache_seqlens"] = seqlens.copy()
+        kw["cache_seqlens"][0] = INT32_MAX
+    elif bad == "seqlens_negative" and b > 0 and not same_lengths:
+        kw["cache_seqlens"] = seqlens.copy()
+        kw["cache_seqlens"][-1] = -1
+    elif bad == "seqlens_past_capacity" and b > 0 and not same_lengths:
+        kw["cache_seqlens"] = seqlens.copy()
+        kw["cache_seqlens"][0] = capacity - s_new + 1
+    elif bad == "seqlens_int_huge":
+        kw["cache_seqlens"] = 2**40
+    elif bad == "splits_huge":
+        kw["num_splits"] = 2**40
+    elif bad == "splits_129":
+        kw["num_splits"] = 129
+    elif bad == "dup_batch_idx" and not paged and s_new > 0 and b >= 2:
+        kw["cache_batch_idx"] = np.zeros(b, np.int32)
+    elif bad == "pages_shared_by_appends" and paged and s_new > 0 and b >= 2:
+        table = kw["block_table"].copy()
+        first = [int(n) // page for n in seqlens]
+        table[1, first[1]] = table[0, first[0]]
+        kw["block_table"] = table
+    elif bad == "v_cache_is_k_cache" and kw["k_cache"].size > 0:
+        aliases = [("same", "v_cache", "k_cache")]
+        kw["v_cache"] = kw["k_cache"]
+        must_fail = s_new > 0 and b > 0
+    elif bad == "rotary_short" and rotary:
+        kw["rotary_cos"] = kw["rotary_cos"][:capacity - 1]
+        kw["rotary_sin"] = kw["rotary_sin"][:capacity - 1]
+    elif bad == "rotary_q_past_table" and rotary and sq > 0 and b > 0 and not same_lengths:
+        kw["rotary_cos"] = kw["rotary_cos"][:capacity]
+        kw["rotary_sin"] = kw["rotary_sin"][:capacity]
+        last = max(int(n) + (sq - 1 if per_row else 0) for n in seqlens)
+        must_fail = last >= capacity
+    elif bad == "page_in_use_invalid" and paged and b > 0:
+        end = int(seqlens[0]) + s_new
+        start = int(kw["cache_leftpad"][0]) if "cache_leftpad" in kw else 0
+        if end > start:
+            kw["block_table"] = kw["block_table"].copy()
+            kw["block_table"][0, (end - 1) // page] = -1
+        else:
+            bad, must_fail = None, False
+    elif bad == "k_new_dtype" and "k" in kw:
+        kw["k"] = kw["k"].astype("float32" if dt == "float16" else "float16")
+    elif bad == "leftpad_beyond" and "cache_leftpad" in kw:
+        kw["cache_leftpad"] = kw["cache_leftpad"].copy()
+        kw["cache_leftpad"][0] = seqlens[0] + 1
+    elif bad == "batch_idx_out_of_range" and "cache_batch_idx" in kw and b > 0:
+        kw["cache_batch_idx"] = kw["cache_batch_idx"].copy()
+        kw["cache_batch_idx"][0] = kw["k_cache"].shape[0]
+    elif bad == "out_is_q":
+        kw["out"] = kw["q"]
+        aliases = [("same", "out", "q")]
+        must_fail = kw["q"].size > 0
+    else:
+        bad, must_fail = None, False
+    return _case("flash_attn_with_kvcache", kw, "kvcache", bad, must_fail, aliases,
+                 draw(st.sampled_from([0, 1, 3])))
+
+
+# =================================================================================================
+# The oracle and the property
+# =================================================================================================
+
+def _oracle_options(kw, lowp):
+    return dict(scale=kw.get("softmax_scale"), causal=bool(kw.get("causal")),
+                window=tuple(kw.get("window_size", (-1, -1))), softcap=kw.get("softcap", 0.0),
+                lowp=lowp)
+
+
+def _oracle(case, lowp):
+    kw = dict(case["kwargs"])
+    _apply_aliases(kw, case["aliases"])
+    opts = _oracle_options(kw, lowp)
+    q = kw["q"]
+    if case["oracle"] in ("dense", "kvcache") and q.shape[0] == 0:  # reference.py stacks batches
+        empty = (np.zeros(q.shape), np.zeros((0, q.shape[2], q.shape[1])))
+        if case["oracle"] == "dense":
+            return empty + (None, None)
+        return empty + (kw["k_cache"].astype(np.float64), kw["v_cache"].astype(np.float64))
+    if case["oracle"] == "dense":
+        return ref.dense(kw["q"], kw["k"], kw["v"], alibi=kw.get("alibi_slopes"), **opts) + (None, None)
+    if case["oracle"] == "varlen":
+        return ref.varlen(kw["q"], kw["k"], kw["v"], kw["cu_seqlens_q"], kw["cu_seqlens_k"],
+                          block_table=kw.get("block_table"), seqused_k=kw.get("seqused_k"),
+                          leftpad_k=kw.get("leftpad_k"), alibi=kw.get("alibi_slopes"),
+                          **opts) + (None, None)
+    seqlens = kw.get("cache_seqlens")
+    if isinstance(seqlens, int):
+        seqlens = np.full(kw["q"].shape[0], seqlens, np.int32)
+    causal, window = opts.pop("causal"), opts.pop("window")
+    return ref.kvcache(kw["q"], kw["k_cache"], kw["v_cache"], k_new=kw.get("k"),
+                       v_new=kw.get("v"), cos=kw.get("rotary_cos"), sin=kw.get("rotary_sin"),
+                       cache_seqlens=seqlens, cache_batch_idx=kw.get("cache_batch_idx"),
+                       cache_leftpad=kw.get("cache_leftpad"), block_table=kw.get("block_table"),
+                       causal=causal, window=window,
+                       rotary_interleaved=kw.get("rotary_interleaved", True),
+                       alibi=kw.get("alibi_slopes"), dtype=np.dtype(kw["q"].dtype), **opts)
+
+
+def _describe(case):
+    kw = case["kwargs"]
+    parts = [case["fn"], f"bad={case['bad']}", f"threads={case['threads']}"]
+    for name, x in kw.items():
+        if isinstance(x, np.ndarray):
+            parts.append(f"{name}={x.dtype}{x.shape}" + (f"={x.tolist()}" if x.dtype == np.int32 and x.size <= 12 else ""))
+        else:
+            parts.append(f"{name}={x!r}")
+    return ", ".join(parts)
+
+
+def check_case(worker, case):
+    report = worker.run(case)
+    what = _describe(case)
+    outcome = "refused" if report.get("error") else "ran"
+    hypothesis.event(f"{case['bad'] or 'valid'}: {outcome}")
+    assert "crash" not in report, f"crash: {report['crash']}\n{what}"
+    if report["error"] is not None:
+        kind, message = report["error"]
+        assert kind in ("ValueError", "TypeError"), f"{kind}: {message}\n{what}"
+        assert ERROR_MESSAGE.match(message), f"unclear error {kind}: {message!r}\n{what}"
+        assert not report["changed"], f"{report['changed']} written by a refused call\n{what}"
+        return
+    assert not case["must_fail"], f"bad input accepted ({case['bad']})\n{what}"
+    dtype = np.dtype(case["kwargs"]["q"].dtype)
+    out, lse = report["result"][:2]
+    r_out, r_lse, r_kc, r_vc = _oracle(case, None)
+    naive = _oracle(case, dtype)[0]
+    assert_attention_close(out, r_out, naive, dtype, what=f"out\n{what}")
+    assert_lse_close(lse, r_lse, dtype)
+    allowed = {"out"} | ({"k_cache", "v_cache"} if r_kc is not None else set())
+    assert set(report["changed"]) <= allowed, f"{report['changed']} written\n{what}"
+    if r_kc is not None:
+        tol = dict(rtol=2e-3, atol=2e-3) if dtype == np.float16 else dict(rtol=1e-6, atol=1e-6)
+        for name, r in (("k_cache", r_kc), ("v_cache", r_vc)):
+            got = report["caches"][name].astype(np.float64)
+            assert np.allclose(got, r, **tol), f"{name} differs from the oracle's appends\n{what}"
+
+
+# =================================================================================================
+# Tests
+# =================================================================================================
+
+@FUZZ
+@given(case=dense_cases())
+def test_fuzz_dense(worker, case):
+    check_case(worker, case)
+
+
+@FUZZ
+@given(case=varlen_cases())
+def test_fuzz_varlen(worker, case):
+    check_case(worker, case)
+
+
+@FUZZ
+@given(case=kvcache_cases())
+def test_fuzz_kvcache(worker, case):
+    check_case(worker, case)
+
+
+def test_worker_reports_a_crash(worker):
+    """The harness itself: a worker killed by a signal is reported, and the next call runs."""
+    report = worker.run(_case("_crash_for_test", {}, None))
+    assert "crash" in report and "died" in report["crash"], report
+    q = np.ones((1, 2, 1, 8), np.float16)
+    again = worker.run(_case("flash_attn_func", dict(q=q, k=q, v=q), "dense"))
+    assert again["error"] is None and again["result"].shape == q.shape
