@@ -10,7 +10,6 @@
 #include "api/overlap.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace flashattn {
 
@@ -23,10 +22,23 @@ struct Term {
   Wide lo, hi;  // coefficient range, lo <= hi
 };
 
+// At most two views of kMaxDims dimensions: a fixed array, so that the common case (disjoint
+// allocations, decided by the byte ranges) allocates nothing.
+constexpr int kMaxTerms = 2 * kMaxDims;
+struct Terms {
+  Term term[kMaxTerms];
+  int count = 0;
+  void add(const Term& t) { term[count++] = t; }
+  Term* begin() { return term; }
+  Term* end() { return term + count; }
+  const Term* begin() const { return term; }
+  const Term* end() const { return term + count; }
+};
+
 struct Footprint {
-  Wide base = 0;           // lowest byte address of an element
+  Wide base = 0;  // lowest byte address of an element
   Wide element_bytes = 0;
-  std::vector<Term> terms;  // one per dimension of size > 1 and stride != 0
+  Terms terms;    // one per dimension of size > 1 and stride != 0
   bool empty = false;
 };
 
@@ -34,19 +46,17 @@ Footprint footprint(const Tensor& t) {
   Footprint f;
   f.base = Wide(reinterpret_cast<uintptr_t>(t.data));
   f.element_bytes = Wide(dtype_size(t.dtype));
+  f.empty = !t.defined() || t.ndim < 1;
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] <= 0) f.empty = true;
   }
-  if (f.empty || !t.defined()) {
-    f.empty = true;
-    return f;
-  }
+  if (f.empty) return f;
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] == 1 || t.stride[i] == 0) continue;
     const Wide step = Wide(t.stride[i]) * f.element_bytes;
     const Wide last = Wide(t.shape[i] - 1);
     if (step < 0) f.base += step * last;
-    f.terms.push_back(Term{step < 0 ? -step : step, 0, last});
+    f.terms.add(Term{step < 0 ? -step : step, 0, last});
   }
   return f;
 }
@@ -58,16 +68,20 @@ Wide highest(const Footprint& f) {  // last byte
   return end;
 }
 
-// Terms of equal step become one (the sum of two coefficient ranges is a range), largest first.
-std::vector<Term> merged(std::vector<Term> terms) {
+void sort_largest_first(Terms& terms) {
   std::sort(terms.begin(), terms.end(), [](const Term& a, const Term& b) { return a.step > b.step; });
-  std::vector<Term> out;
+}
+
+// Terms of equal step become one (the sum of two coefficient ranges is a range), largest first.
+Terms merged(Terms terms) {
+  sort_largest_first(terms);
+  Terms out;
   for (const Term& t : terms) {
-    if (!out.empty() && out.back().step == t.step) {
-      out.back().lo += t.lo;
-      out.back().hi += t.hi;
+    if (out.count > 0 && out.term[out.count - 1].step == t.step) {
+      out.term[out.count - 1].lo += t.lo;
+      out.term[out.count - 1].hi += t.hi;
     } else {
-      out.push_back(t);
+      out.add(t);
     }
   }
   return out;
@@ -84,22 +98,21 @@ Wide ceil_div(Wide a, Wide b) { return -floor_div(-a, b); }
 // Counts visited nodes in *budget; running out answers yes (overlap assumed).
 class Search {
  public:
-  explicit Search(std::vector<Term> terms) : terms_(std::move(terms)) {
-    min_rest_.assign(terms_.size() + 1, 0);
-    max_rest_.assign(terms_.size() + 1, 0);
-    for (size_t k = terms_.size(); k-- > 0;) {
-      min_rest_[k] = min_rest_[k + 1] + terms_[k].lo * terms_[k].step;
-      max_rest_[k] = max_rest_[k + 1] + terms_[k].hi * terms_[k].step;
+  explicit Search(const Terms& terms) : terms_(terms) {
+    min_rest_[terms_.count] = max_rest_[terms_.count] = 0;
+    for (int k = terms_.count - 1; k >= 0; --k) {
+      min_rest_[k] = min_rest_[k + 1] + terms_.term[k].lo * terms_.term[k].step;
+      max_rest_[k] = max_rest_[k + 1] + terms_.term[k].hi * terms_.term[k].step;
     }
   }
   bool reachable(Wide target_lo, Wide target_hi) { return visit(0, target_lo, target_hi); }
 
  private:
-  bool visit(size_t k, Wide target_lo, Wide target_hi) {
+  bool visit(int k, Wide target_lo, Wide target_hi) {
     if (--budget_ < 0) return true;
     if (target_hi < min_rest_[k] || target_lo > max_rest_[k]) return false;
-    if (k == terms_.size()) return true;  // 0 lies in [target_lo, target_hi] (checked above)
-    const Term& t = terms_[k];
+    if (k == terms_.count) return true;  // 0 lies in [target_lo, target_hi] (checked above)
+    const Term& t = terms_.term[k];
     const Wide c_lo = std::max(t.lo, ceil_div(target_lo - max_rest_[k + 1], t.step));
     const Wide c_hi = std::min(t.hi, floor_div(target_hi - min_rest_[k + 1], t.step));
     for (Wide c = c_lo; c <= c_hi; ++c) {
@@ -109,20 +122,26 @@ class Search {
     return false;
   }
 
-  std::vector<Term> terms_;
-  std::vector<Wide> min_rest_, max_rest_;
+  Terms terms_;
+  Wide min_rest_[kMaxTerms + 1], max_rest_[kMaxTerms + 1];
   long budget_ = kOverlapSearchNodes;
 };
 
 }  // namespace
+
+ByteSpan byte_span(const Tensor& t) {
+  const Footprint f = footprint(t);
+  if (f.empty) return ByteSpan{};
+  return ByteSpan{lowest(f), highest(f)};
+}
 
 bool views_overlap(const Tensor& a, const Tensor& b) {
   const Footprint fa = footprint(a), fb = footprint(b);
   if (fa.empty || fb.empty) return false;
   if (highest(fa) < lowest(fb) || highest(fb) < lowest(fa)) return false;
   // sum_A - sum_B in [delta - (size_A - 1), delta + (size_B - 1)], delta = base_B - base_A.
-  std::vector<Term> terms = fa.terms;
-  for (const Term& t : fb.terms) terms.push_back(Term{t.step, -t.hi, -t.lo});
+  Terms terms = fa.terms;
+  for (const Term& t : fb.terms) terms.add(Term{t.step, -t.hi, -t.lo});
   const Wide delta = fb.base - fa.base;
   return Search(merged(terms)).reachable(delta - (fa.element_bytes - 1),
                                          delta + (fb.element_bytes - 1));
@@ -137,17 +156,17 @@ bool view_overlaps_itself(const Tensor& t) {
   // Two index vectors i != i' at byte distance below the element size: their difference c has
   // c_k in [-(n_k - 1), n_k - 1], not all zero. Equal steps give c = (1, -1) at once; else the
   // first nonzero c_k (largest step first) may be taken positive.
-  std::vector<Term> terms = f.terms;
-  std::sort(terms.begin(), terms.end(), [](const Term& x, const Term& y) { return x.step > y.step; });
-  for (size_t k = 1; k < terms.size(); ++k) {
-    if (terms[k].step == terms[k - 1].step) return true;
+  Terms terms = f.terms;
+  sort_largest_first(terms);
+  for (int k = 1; k < terms.count; ++k) {
+    if (terms.term[k].step == terms.term[k - 1].step) return true;
   }
   const Wide within = f.element_bytes - 1;
-  for (size_t first = 0; first < terms.size(); ++first) {
-    std::vector<Term> rest;
-    rest.push_back(Term{terms[first].step, 1, terms[first].hi});
-    for (size_t k = first + 1; k < terms.size(); ++k) {
-      rest.push_back(Term{terms[k].step, -terms[k].hi, terms[k].hi});
+  for (int first = 0; first < terms.count; ++first) {
+    Terms rest;
+    rest.add(Term{terms.term[first].step, 1, terms.term[first].hi});
+    for (int k = first + 1; k < terms.count; ++k) {
+      rest.add(Term{terms.term[k].step, -terms.term[k].hi, terms.term[k].hi});
     }
     if (Search(rest).reachable(-within, within)) return true;
   }

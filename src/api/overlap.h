@@ -17,6 +17,14 @@ constexpr int kOverlapSearchNodes = 1 << 16;
 // a and b have a byte in common. Views with no elements never do.
 bool views_overlap(const Tensor& a, const Tensor& b);
 
+// The bytes from a view's lowest to its highest element: views whose spans do not meet cannot
+// overlap (the quick test before views_overlap, for many pairs).
+struct ByteSpan {
+  __int128 first = 0, last = -1;  // last < first: no bytes
+  bool meets(const ByteSpan& o) const { return first <= last && o.first <= o.last && first <= o.last && o.first <= last; }
+};
+ByteSpan byte_span(const Tensor& t);
+
 // Two different elements of t occupy a common byte (e.g. a stride of 0 over a size above 1).
 bool view_overlaps_itself(const Tensor& t);
 

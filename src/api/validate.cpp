@@ -324,15 +324,16 @@ std::string strides_string(const Tensor& t) {
 }
 
 // What args[i] (written) writes shares no byte with another of its elements nor with any other
-// argument: the result would depend on the order of the writes and the reads.
-void check_written_alone(const std::vector<Arg>& args, size_t i) {
+// argument: the result would depend on the order of the writes and the reads. spans: the
+// arguments' byte spans (byte_span), so that most pairs are decided without a search.
+void check_written_alone(const std::vector<Arg>& args, const std::vector<ByteSpan>& spans, size_t i) {
   const Tensor& w = *args[i].tensor;
   if (!w.defined() || !has_elements(w)) return;
   if (view_overlaps_itself(w)) {
     fail(args[i].name, "must not have elements that share memory (it is written)", strides_string(w) + " over " + shape_string(w));
   }
   for (size_t j = 0; j < args.size(); ++j) {
-    if (j == i || !args[j].tensor->defined()) continue;
+    if (j == i || !spans[i].meets(spans[j])) continue;
     if (views_overlap(w, *args[j].tensor)) {
       fail(args[i].name, std::string("must not share memory with ") + args[j].name + " (it is written)",
            "overlapping memory");
@@ -340,9 +341,17 @@ void check_written_alone(const std::vector<Arg>& args, size_t i) {
   }
 }
 
+std::vector<ByteSpan> spans_of(const std::vector<Arg>& args) {
+  std::vector<ByteSpan> spans;
+  spans.reserve(args.size());
+  for (const Arg& a : args) spans.push_back(byte_span(*a.tensor));
+  return spans;
+}
+
 void check_outputs_alone(const std::vector<Arg>& args) {
+  const std::vector<ByteSpan> spans = spans_of(args);
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].written) check_written_alone(args, i);
+    if (args[i].written) check_written_alone(args, spans, i);
   }
 }
 
@@ -697,7 +706,7 @@ void validate_workspace(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const Tensor workspace = byte_range_view(args.workspace, needed_bytes, q.device, q.device_index);
   std::vector<Arg> all = kvcache_args(q, k_cache, v_cache, &out, args, options, false);
   all.push_back({&workspace, "workspace", true});
-  check_written_alone(all, all.size() - 1);
+  check_written_alone(all, spans_of(all), all.size() - 1);
 }
 
 }  // namespace flashattn
