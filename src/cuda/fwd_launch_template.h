@@ -122,7 +122,7 @@ bool launch_persistent_decode(const AttnParams& p, cudaStream_t stream) {
   const PersistentDecode mode = persistent_decode_env();
   if (mode == PersistentDecode::off) return false;
   const auto kernel = &fwd::persistent_decode_kernel<Traits>;
-  constexpr int kSmem = fwd::persistent_decode_smem_bytes<Traits>();
+  constexpr int kSmem = persistent_decode_smem_bytes<Traits>();
   static_assert(kSmem <= Traits::Config::kMaxSmemBytes, "fits the per-block shared memory limit");
   const auto default_kernel = &fwd::splitkeys_kernel<Default>;
   const int64_t units = int64_t(p.batch) * units_per_sequence(p);
@@ -163,7 +163,7 @@ bool launch_splitheads(const AttnParams& p, cudaStream_t stream) {
   const SplitHeads mode = split_heads_env();
   if (!served || mode == SplitHeads::off) return false;
   const auto kernel = &fwd::splitheads_kernel<Traits>;
-  constexpr int kSmem = fwd::splitheads_smem_bytes<Traits>();
+  constexpr int kSmem = splitheads_smem_bytes<Traits>();
   static_assert(kSmem <= Traits::Config::kMaxSmemBytes, "fits the per-block shared memory limit");
   const int64_t units = int64_t(p.batch) * heads;
   const int64_t ctas = units / Traits::kNWarps;

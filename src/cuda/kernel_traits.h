@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
 #include "common/rules.h"
+#include "cuda/components/cta_geometry.h"
 
 namespace flashattn {
 namespace cuda {
@@ -256,6 +258,84 @@ struct SplitKeysTraits
   // pipeline, one (~170 KB at d = 128).
   static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
 };
+
+// Tiles of the wgmma kernel (head dims 64, 128, 192, 256: rows of whole 128-byte swizzle
+// atoms). Wide: kBlockN 128 (64 for d > 128, so that O and S fit in registers), one CTA per SM.
+// Narrow: kBlockN 64 and two CTAs per SM (<= 128 registers; smem 48 KB at d = 64, 100 KB at
+// d = 128), so that one CTA's softmax and prologue overlap the other's tensor-core work.
+// Narrow96: the narrow tile with 96 keys, for d = 64 (O needs 32 registers there, so a 96-key S
+// still fits 128 registers; 128 keys spill): fewer barriers and K/V tiles per key.
+enum class WgmmaTile { wide, narrow, narrow96 };
+
+template <int kHeadDim, WgmmaTile kTile>
+struct WgmmaTileConfig {
+  static constexpr bool kTwoPerSm = kTile != WgmmaTile::wide;
+  static constexpr int kBlockN = kTile == WgmmaTile::narrow96 ? 96 : (kTwoPerSm || kHeadDim > 128) ? 64 : 128;
+  static constexpr int kMinBlocksPerSm = kTwoPerSm ? 2 : 1;
+  // K/V stages: one tile in flight while one is computed (three stages at d = 64, two tiles in
+  // flight, measured no faster: docs/PERF.md, session 4 run 8).
+  static constexpr int kStages = 2;
+  static_assert(kTile != WgmmaTile::narrow96 || kHeadDim == 64, "96-key narrow tile: d = 64 only");
+};
+
+template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
+struct WgmmaTraits
+    : TileTraitsBase<Element_, kHeadDim_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, 8> {
+  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
+  using Element = Element_;
+  static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
+  static constexpr int kStages = Config::kStages;
+  static_assert(kHeadDim % 64 == 0, "rows of whole 128-byte swizzle atoms");
+
+  // K-major 128-byte swizzled layouts, as wgmma's shared-memory descriptors expect them.
+  using SmemLayoutAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as (d, n): the B operand of P V, MN-major (d contiguous).
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::GenRowMajor{})));
+
+  // Two warpgroups stacked along M, 64 rows each.
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
+  static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
+  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
+  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
+  static constexpr int kSmemBytes =
+      (kQElems + 2 * kStages * kKVElems) * int(sizeof(Element)) + kSmemRowOffsetBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
+};
+
+// ---- shared memory of the decode kernels that size it beyond their traits -------------------
+
+// splitheads_kernel: kNWarps Q tiles, kStages x (K, V).
+template <class Traits>
+constexpr int splitheads_smem_bytes() {
+  return Traits::kNWarps * Traits::kSmemQBytes + 2 * Traits::kStages * Traits::kSmemKVBytes;
+}
+
+// persistent_decode_kernel: kStages x (Q, K, V, unit, lengths), the Q/O row offsets, the merge
+// statistics.
+template <class Traits>
+constexpr int persistent_decode_smem_bytes() {
+  return Traits::kStages * (Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes + int(sizeof(fwd::DecodeUnit)) +
+                            kSeqInfoReads * int(sizeof(int))) +
+         Traits::kSmemRowOffsetBytes + 2 * Traits::kNWarps * Traits::kBlockM * int(sizeof(float));
+}
 
 }  // namespace cuda
 }  // namespace flashattn

@@ -24,43 +24,21 @@
 // (fwd_kernel.h q_tile_rows).
 #pragma once
 
-#include "cuda/splitkeys_kernel.h"
+#include "common/params.h"
+#include "cuda/components/cta_geometry.h"
+#include "cuda/components/epilogue.h"
+#include "cuda/components/kv_pipeline.h"
+#include "cuda/components/tile_loads.h"
+#include "cuda/components/warp_tile_math.h"
+#include "cuda/grid_dependence.h"
+#include "cuda/kernel_traits.h"
 
 namespace flashattn {
 namespace cuda {
 namespace fwd {
 
-// A unit as the persistent kernel walks it: its geometry and key tiles.
-struct DecodeUnit {
-  CtaInfo c;
-  CtaKeyTiles tiles;
-};
-
-// The items of a unit: one per key tile, or one empty item.
-__device__ __forceinline__ int unit_items(const CtaKeyTiles& t) { return t.hi > t.lo ? t.hi - t.lo : 1; }
-
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ DecodeUnit make_decode_unit(const AttnParams& p, int unit, const SeqInfo& seq) {
-  DecodeUnit u;
-  u.c = decode_unit_info(p, unit, seq);
-  u.tiles = cta_key_tiles<kBlockM, kBlockN>(p, u.c, /*split=*/0);
-  return u;
-}
-
-// The shared memory of persistent_decode_kernel: kStages x (Q, K, V, unit, lengths), the Q/O
-// row offsets, the merge statistics.
-template <class Traits>
-constexpr int persistent_decode_smem_bytes() {
-  return Traits::kStages * (Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes + int(sizeof(DecodeUnit)) +
-                            kSeqInfoReads * int(sizeof(int))) +
-         Traits::kSmemRowOffsetBytes + 2 * Traits::kNWarps * Traits::kBlockM * int(sizeof(float));
-}
-
-// The next index of a ring of kSlots.
-template <int kSlots>
-__device__ __forceinline__ int ring_next(int slot) {
-  return slot + 1 == kSlots ? 0 : slot + 1;
-}
+using namespace cute;
+using cute::Tensor;
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)

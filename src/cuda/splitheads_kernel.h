@@ -18,38 +18,21 @@
 // equally spaced in Q (fwd_kernel.h q_tile_rows), units of distinct KV heads in whole groups.
 #pragma once
 
-#include "cuda/splitkeys_kernel.h"
+#include "common/params.h"
+#include "cuda/components/cta_geometry.h"
+#include "cuda/components/epilogue.h"
+#include "cuda/components/kv_pipeline.h"
+#include "cuda/components/tile_loads.h"
+#include "cuda/components/warp_tile_math.h"
+#include "cuda/grid_dependence.h"
+#include "cuda/kernel_traits.h"
 
 namespace flashattn {
 namespace cuda {
 namespace fwd {
 
-// The shared memory of splitheads_kernel: kNWarps Q tiles, kStages x (K, V).
-template <class Traits>
-constexpr int splitheads_smem_bytes() {
-  return Traits::kNWarps * Traits::kSmemQBytes + 2 * Traits::kStages * Traits::kSmemKVBytes;
-}
-
-// The end of a warp that computed its unit whole: its rows of O and their LSE, straight from
-// registers (two elements of a row per store; a unit's O is a few hundred bytes).
-template <class Traits, class AccO, int kRows>
-__device__ __forceinline__ void store_warp_rows(const AttnParams& p, const CtaInfo& c, const AccO& acc_o,
-                                                const float (&row_max)[kRows], const float (&row_sum)[kRows],
-                                                const ScoreScale& sc, int lane) {
-  using Element = typename Traits::Element;
-  for_each_warp_row<Traits, Traits::kHeadDim>(
-      c, acc_o, row_max, row_sum, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
-        const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-        Element* dst = static_cast<Element*>(p.o) + o_offset(p, c.seq, c.b, pr.query, pr.head);
-        for_each_pair([&](int col, float o0, float o1) {
-          cutlass::Array<Element, 2> out;
-          out[0] = static_cast<Element>(o0);
-          out[1] = static_cast<Element>(o1);
-          if (col < p.head_dim) *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + col) = out;
-        });
-        if (quad_leader && p.lse != nullptr) p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
-      });
-}
+using namespace cute;
+using cute::Tensor;
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
