@@ -24,27 +24,48 @@ SOURCE_SUFFIXES = {".h", ".hpp", ".cuh", ".cu", ".cpp", ".cc", ".c", ".py", ".sh
 SEPARATOR = r"(?:[ \t]*\n[ \t]*(?://+|#+|\*)?[ \t]*|[ \t]+)"
 # What may not follow a citation: more of a word or number, or a run number that makes it longer.
 NOT_LONGER = r"(?![\w'])(?!,?" + SEPARATOR + r"runs?\b)"
-LEFT_OVER = re.compile(r"PERF\.md|\bsessions? \d")
+LEFT_OVER = re.compile(r"PERF\.md|TEAM\.md|\bsessions? \d")
 WRAP_COLUMNS = 100
 COMMENT_LINE = re.compile(r"^([ \t]*(?://+|#+|\*)[ \t]?)")
 
 
 def wrap_new_long_lines(text, original):
     """Comment lines that the replacements made (not in original) and that exceed WRAP_COLUMNS,
-    wrapped at a space with the same leader."""
+    wrapped at a space. The words past the limit move to the start of the next line when it
+    continues the same comment, once; else (or if that line then overflows) onto a line of
+    their own."""
     before = set(original.splitlines())
+    lines = text.split("\n")
+    flowed = set()  # indices of lines that received words from the line above
     out = []
-    for line in text.split("\n"):
+    i = 0
+    while i < len(lines):
+        line = lines[i]
         leader = COMMENT_LINE.match(line)
-        while leader and line not in before and len(line) > WRAP_COLUMNS:
-            cut = line.rfind(" ", len(leader.group(1)) + 1, WRAP_COLUMNS + 1)
-            while cut > 0 and line.startswith("D-", cut + 1):  # keep "docs/DECISIONS.md D-n" whole
-                cut = line.rfind(" ", len(leader.group(1)) + 1, cut)
-            if cut <= len(leader.group(1)):
-                break
-            out.append(line[:cut].rstrip())
-            line = leader.group(1) + line[cut + 1:]
-        out.append(line)
+        if not leader or line in before or len(line) <= WRAP_COLUMNS:
+            out.append(line)
+            i += 1
+            continue
+        start = len(leader.group(1))
+        cut = line.rfind(" ", start + 1, WRAP_COLUMNS + 1)
+        while cut > 0 and line.startswith("D-", cut + 1):  # keep "docs/DECISIONS.md D-n" whole
+            cut = line.rfind(" ", start + 1, cut)
+        if cut <= start:
+            out.append(line)
+            i += 1
+            continue
+        out.append(line[:cut].rstrip())
+        rest = line[cut + 1:]
+        following = lines[i + 1] if i + 1 < len(lines) else None
+        next_leader = COMMENT_LINE.match(following) if following is not None else None
+        if (i not in flowed and next_leader and next_leader.group(1) == leader.group(1)
+                and following[start:].strip()):
+            lines[i + 1] = leader.group(1) + rest + " " + following[start:]
+            flowed.add(i + 1)
+        else:
+            lines.insert(i + 1, leader.group(1) + rest)
+            flowed = {j + 1 if j > i else j for j in flowed}
+        i += 1
     return "\n".join(out)
 
 
@@ -62,7 +83,20 @@ def read_mapping(tsv):
 
 def pattern_of(citation):
     words = [re.escape(word) for word in citation.split(" ")]
-    return re.compile(r"(?<![\w/])" + SEPARATOR.join(words) + NOT_LONGER)
+    return re.compile(r"(?<![\w/])" + SEPARATOR.join(words) + NOT_LONGER + r"(?P<tail>[;:,.)\]]*)")
+
+
+def replacer(replacement):
+    """The text for a match: the replacement and the punctuation that followed the citation. A
+    citation that spanned lines keeps a line break after them (where the next line goes on)."""
+    def replace(match):
+        text = replacement + match.group("tail")
+        broken = re.search(r"\n[ \t]*(?://+|#+|\*)?[ \t]*", match.group(0))
+        rest = match.string[match.end():]
+        if broken and rest and not rest.startswith("\n"):
+            text += broken.group(0).rstrip()  # the rest of the line brings its own space
+        return text
+    return replace
 
 
 def tracked_sources():
@@ -98,7 +132,7 @@ def main():
                 used[citation] += 1
                 where = f"{path.relative_to(ROOT)}:{line_of(text, match.start())}"
                 print(f"{where}: {match.group(0)!r} -> {replacement!r}")
-            text = pattern.sub(lambda match, replacement=replacement: replacement, text)
+            text = pattern.sub(replacer(replacement), text)
         if text != original:
             text = wrap_new_long_lines(text, original)
             changed_files += 1
