@@ -6,13 +6,13 @@
 #   test      the GPU sweep (tests/gpu, every compiled instance) in one process
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn)
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check)
-#   overhead  host time against GPU time of small decode calls (bench/decode_overhead.py)
+#   overhead  host time against GPU time of small decode calls (bench/probes/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
-#             timed as the benchmark times them (bench/l2_state.py --read-floor; not default)
-#   probe     bench/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
+#             timed as the benchmark times them (bench/probes/l2_state.py --read-floor; not default)
+#   probe     bench/probes/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
 #   dram      Nsight Compute's DRAM bytes and time of each decode call at the 128k-token points,
-#             after the benchmark's dirty flush and after a clean one (bench/decode_ncu.py; not default)
+#             after the benchmark's dirty flush and after a clean one (bench/probes/decode_ncu.py; not default)
 # Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: all stages.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-out}"
@@ -25,7 +25,7 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   cmake --install "build/$PRESET" --prefix "$CARRY/prefix" >/dev/null
   cp "build/$PRESET/tests/flashattn_tests_gpu" "$CARRY/"
-  nvcc -O3 -arch=sm_90a -std=c++17 -o "$CARRY/stream_probe" bench/stream_probe.cu
+  nvcc -O3 -arch=sm_90a -std=c++17 -o "$CARRY/stream_probe" bench/probes/stream_probe.cu
   strip "$CARRY/flashattn_tests_gpu" "$CARRY/prefix/bin/flashattn" 2>/dev/null || true
   du -sh "$CARRY"
   exit 0
@@ -59,14 +59,14 @@ stage_test() {
   [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
 }
 
-# Host overhead against GPU time of small decode calls (bench/decode_overhead.py).
+# Host overhead against GPU time of small decode calls (bench/probes/decode_overhead.py).
 stage_overhead() {
   local args
   for args in "--batch 1 --context 1024" "--batch 1 --context 4096" "--batch 1 --context 4096 --page-size 16" \
               "--batch 8 --context 1024" "--batch 1 --context 65536"; do
-    python3 bench/decode_overhead.py $args 2>&1 | tail -n 1
+    python3 bench/probes/decode_overhead.py $args 2>&1 | tail -n 1
   done
-  python3 bench/decode_overhead.py --batch 1 --context 1024 --profile >"$OUT/overhead-profile.log" 2>&1
+  python3 bench/probes/decode_overhead.py --batch 1 --context 1024 --profile >"$OUT/overhead-profile.log" 2>&1
   grep -E "tottime|us$|interface|_frameworks|built-in" "$OUT/overhead-profile.log" | head -n 20
 }
 
@@ -118,7 +118,7 @@ stage_sanitize() {
 }
 
 stage_floor() {
-  python3 bench/l2_state.py --points 32x4096 --flushes dirty --read-floor --rounds 2 2>&1 | tee "$OUT/floor.log" | tail -n 5
+  python3 bench/probes/l2_state.py --points 32x4096 --flushes dirty --read-floor --rounds 2 2>&1 | tee "$OUT/floor.log" | tail -n 5
   return "${PIPESTATUS[0]}"
 }
 
@@ -133,9 +133,9 @@ stage_dram() {
   for flush in dirty clean; do
     ncu --profile-from-start off --cache-control none --clock-control none --csv --print-units base \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      python3 bench/decode_ncu.py --flash --flush "$flush" $points >"$OUT/dram-$flush.csv" 2>>"$OUT/dram.err" || rc=1
+      python3 bench/probes/decode_ncu.py --flash --flush "$flush" $points >"$OUT/dram-$flush.csv" 2>>"$OUT/dram.err" || rc=1
     echo "== $flush flush"
-    python3 bench/decode_ncu.py --flash --summarize "$OUT/dram-$flush.csv" $points | tee -a "$OUT/dram.log"
+    python3 bench/probes/decode_ncu.py --flash --summarize "$OUT/dram-$flush.csv" $points | tee -a "$OUT/dram.log"
   done
   return $rc
 }
