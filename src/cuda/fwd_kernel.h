@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
 
   // Per row only the softmax state lives in registers (they are the scarce resource at d = 128);
   // the query index, visible range and ALiBi slope are re-derived on the tiles that need them.
-  float row_max[kRows], row_sum[kRows];
-  start_softmax_rows(row_max, row_sum);
+  SoftmaxRowState rows[kRows];
+  start_softmax_rows(rows);
 
   // ---- mainloop over key tiles, last first
   for (int n = tile_hi - 1; n >= tile_lo; --n) {
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
 
     // online softmax: new running max, rescale O and the sum, P = exp2(...)
     Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, d cols)
-    online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
+    online_softmax_step(s, o_rc, rows, sc.scale_log2);
 
     // O += P V
     Tensor rP = convert_fragment<Element>(acc_s);
@@ -162,12 +162,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   float row_lse[kRows];
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
     // A row with no visible key (or an empty split) writes 0 and LSE -inf.
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    row_lse[i] = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
+    const SoftmaxResult row = quad_row_state(rows[i]).finish(sc.raw_scale);
+    row_lse[i] = row.lse;
     CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= inv;
+    for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= row.out_scale;
   }
 
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});

@@ -5,8 +5,8 @@
 // splitkeys_kernel.h launches one CTA per unit, in waves of the CTAs resident at once; where
 // the last wave is short (batch 64 x 8 KV heads: 512 units over 396 slots, a last wave of 116),
 // most of the GPU idles through it. Here fewer CTAs with more stages each (kernel_traits.h
-// SplitKeysTileConfig kPersistent: 3 stages at 2 CTAs per SM) take the units in turn, in rounds
-// that fill the slots better (rules.h persistent_decode_ctas decides). A CTA issues its next
+// DecodePipeline::three_stage: 3 stages at 2 CTAs per SM) take the units in turn, in rounds
+// that fill the slots better (tuning.h persistent_decode_ctas decides). A CTA issues its next
 // unit's Q and first tiles while it computes the current unit's last ones, and merges the warps
 // in the stage the last tile leaves free, so its copies do not stop between units.
 //
@@ -19,9 +19,9 @@
 // being computed), so at most kStages - 1 units ahead: Q, the unit's geometry and its lengths
 // have a ring of kStages slots by unit.
 //
-// Served (launch_persistent_decode): the default keys-split pipeline's calls, contiguous or
+// Served (api/kernel_choice.cpp serves_persistent): the default keys-split pipeline's calls, contiguous or
 // paged K/V (one instance each), unsplit, d = 64 and 128, with Q rows equally spaced in Q
-// (fwd_kernel.h q_tile_rows).
+// (tile_loads.h q_tile_rows).
 #pragma once
 
 #include "common/params.h"
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto issue_item = [&](const DecodeUnit& pu) {
     if (pu.tiles.hi > pu.tiles.lo) {
       if (n_p == pu.tiles.hi - 1) {
-        const StridedRows q_rows = q_tile_rows(p, pu.c);  // equally spaced (launch_persistent_decode)
+        const StridedRows q_rows = q_tile_rows(p, pu.c);  // equally spaced (serves_persistent)
         auto sQ = q_buffer(slot_p);
         load_strided_rows<Traits, kBlockM>(sQ, q_base, q_base + q_rows.first, q_rows.stride, q_rows.rows,
                                            p.head_dim, tid);
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if (items_left == 0) {  // the unit's last item: merge in its stage, store O and LSE
       const StageMergeO<Traits> merge_o{reinterpret_cast<float*>(smem_k + stage * kKVElems),
                                         reinterpret_cast<float*>(smem_v + stage * kKVElems)};
-      merge_warps_and_store<Traits>(p, u.c, /*split=*/0, math.acc_o, math.row_max, math.row_sum, sc, merge_max, merge_sum,
+      merge_warps_and_store<Traits>(p, u.c, /*split=*/0, math.acc_o, math.rows, sc, merge_max, merge_sum,
                                     merge_o, SplitPartial{nullptr, nullptr}, o_off, tid);
     }
     stage = ring_next<kStages>(stage);

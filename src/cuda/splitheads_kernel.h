@@ -6,16 +6,17 @@
 // quarter of every key tile of one unit, so a unit ends with the warps merging (max, sum, O)
 // through shared memory: two barriers and a round of shared-memory traffic per unit. Where a
 // call has many short units (batch 128 x 1k: 1,024 units of 16 tiles), a persistent CTA walks
-// four of them and merges four times, ~5 us of a 136 us call (docs/PERF.md, session 17 runs
-// 7-13). Here a stage holds kKeysPerWarp keys of each of the CTA's kNWarps units (the same
+// four of them and merges four times, ~5 us of a 136 us call (docs/DECISIONS.md D-32).
+// Here a stage holds kKeysPerWarp keys of each of the CTA's kNWarps units (the same
 // 64-row K and V tiles, warp w's rows being unit w's keys), so a CTA walks its four units side
 // by side, as long as one of them, and each warp ends by writing its own rows from registers,
 // with no merge. Its rows of a key share one contiguous run of the cache row (kNWarps heads x d).
 // Per step n (kKeysPerWarp keys of every unit, walked from the last down), one barrier:
 //   wait step n; barrier | issue step n-kStages+1 | per warp: S = Q_w K_w^T, rules, softmax, O_w += P V_w
 //
-// Served (launch_splitheads): contiguous K/V, unsplit, one decode tile per unit with its rows
-// equally spaced in Q (fwd_kernel.h q_tile_rows), units of distinct KV heads in whole groups.
+// Served (api/kernel_choice.cpp serves_heads): contiguous K/V, unsplit, one decode tile per unit
+// with its rows equally spaced in Q (tile_loads.h q_tile_rows), units of distinct KV heads in
+// whole groups.
 #pragma once
 
 #include "common/params.h"
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     math.step(p, c, steps, sc, n, /*stage=*/int(unsigned(n) % kStages));
   }
   cp_async_wait<0>();
-  store_warp_rows<Traits>(p, c, math.acc_o, math.row_max, math.row_sum, sc, lane);
+  store_warp_rows<Traits>(p, c, math.acc_o, math.rows, sc, lane);
 }
 
 }  // namespace fwd

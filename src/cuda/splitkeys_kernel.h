@@ -2,7 +2,7 @@
 //
 // Decode reads every K/V byte once and does little arithmetic on it, so the kernel must keep
 // the memory system busy rather than the tensor cores: one 16-row MMA slab (kernel_traits.h
-// SplitKeysTraits), each warp a quarter of every K/V tile with its own online softmax, and
+// DecodeTraits), each warp a quarter of every K/V tile with its own online softmax, and
 // kStages K/V buffers so that tile n-1 (n-kStages+1 ...) streams in during the whole of tile n.
 // Per key tile n (walked from the last visible tile down), one barrier:
 //   wait tile n; barrier | issue tile n-kStages+1 | per warp: S = Q K_w^T, rules, softmax, O_w += P V_w
@@ -10,13 +10,13 @@
 // and write O (or the split's fp32 partials) with 16-byte stores, and LSE. With
 // AttnParams::cluster_combine the split's partial stays in shared memory instead and the
 // unit's splits, one thread-block cluster, merge it there (combine_in_cluster).
-// Short split walks at d = 64 and 128 (Traits::kWarpsSplitDims, rules.h
+// Short split walks at d = 64 and 128 (Traits::kWarpsSplitDims, tuning.h
 // decode_warps_split_dims) split the head dim instead: every warp computes the whole S of a
 // tile and its own columns of O, and writes them from registers with no merge
 // (store_warp_columns).
 //
-// Rows, masks, paging, splits and packed GQA follow the same rules.h definitions as the
-// 128-row kernel (fwd_kernel.h), whose helpers this file uses.
+// Rows, masks, paging, splits and packed GQA follow the same rules.h definitions as every other
+// kernel, through the components in src/cuda/components/.
 #pragma once
 
 #include "common/params.h"
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   float* merge_max = reinterpret_cast<float*>(o_off + kBlockM);  // [kNWarps][16]
   float* merge_sum = merge_max + kNWarps * kBlockM;  // [kNWarps][16]
   // KvStages::issue, not wgmma_kernel.h's ContiguousKvCopies: measured no faster here
-  // (docs/PERF.md, session 6 run 3), and it adds spills to the 168-register kernels.
+  // (docs/DECISIONS.md D-8), and it adds spills to the 168-register kernels.
   auto issue_tile = [&](int n, const PagedRows<Traits>& rows) { kv.issue(p, c, tiles, n, tid, rows); };
 
   // ---- prologue: Q and the first kStages-1 tiles in flight. Strided Q rows need no offset
@@ -129,10 +129,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const SplitPartial part{reinterpret_cast<float*>(smem_k), merge_sum + kNWarps * kBlockM};
   if constexpr (kSplitDims) {
     if (p.cluster_combine) __syncthreads();  // every warp is done with the K/V buffers part.o overlays
-    store_warp_columns<Traits>(p, c, split, math.acc_o, math.row_max, math.row_sum, sc, part, warp, lane);
+    store_warp_columns<Traits>(p, c, split, math.acc_o, math.rows, sc, part, warp, lane);
   } else {
     __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
-    merge_warps_and_store<Traits>(p, c, split, math.acc_o, math.row_max, math.row_sum, sc, merge_max, merge_sum,
+    merge_warps_and_store<Traits>(p, c, split, math.acc_o, math.rows, sc, merge_max, merge_sum,
                                   PaddedMergeO<Traits>{reinterpret_cast<float*>(smem_k)}, part, o_off, tid);
   }
   if (p.cluster_combine) combine_in_cluster<Traits>(p, c, part, o_off, tid);

@@ -3,7 +3,7 @@
 //
 // A CTA of two warpgroups owns 128 query rows (64 per warpgroup) of one (batch, head) and walks
 // the visible key tiles from the last down. Q, K and V are gathered row by row with cp.async
-// exactly as in fwd_kernel.h (paging, varlen, leftpad, packed GQA and arbitrary strides stay one
+// exactly as in fwd_kernel.h (components/tile_loads.h: paging, varlen, leftpad, packed GQA and arbitrary strides stay one
 // code path), into the swizzled 128-byte layouts that wgmma reads straight from shared memory.
 //
 // kStages K/V buffers let tiles n-1 ... n-kStages+1 stream in during tile n. Per tile n, one
@@ -12,8 +12,9 @@
 //   S = Q K^T (wgmma, smem x smem) | rules, online softmax | O += P V (wgmma, P from registers)
 // The narrow tile (two CTAs per SM) lets one CTA's softmax run under the other's MMAs.
 // FlashAttention-3's intra-warpgroup pipelining (S of tile n-1 issued before the softmax of tile
-// n) was measured no faster here on top of that (docs/PERF.md, session 2 run 4) and is not used.
-// Used for the 128-row tile when the device is sm_90 and there is one split (fwd_launch_template.h).
+// n) was measured no faster here on top of that (docs/DECISIONS.md D-3) and is not used.
+// Used for the 128-row tile when the device is sm_90 and there is one split (D-1,
+// api/kernel_choice.cpp).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -99,8 +100,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
   const ScoreScale sc(p);
-  float row_max[kRows], row_sum[kRows];
-  start_softmax_rows(row_max, row_sum);
+  SoftmaxRowState rows[kRows];
+  start_softmax_rows(rows);
 
   Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
 
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
     const int j0 = n * kBlockN;
     const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
     apply_score_rules(p, c, sc, s, tScS_rc, j0, need_mask);
-    online_softmax_step(s, o_rc, row_max, row_sum, sc.scale_log2);
+    online_softmax_step(s, o_rc, rows, sc.scale_log2);
 
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
@@ -146,11 +147,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   // moves whole 16-byte chunks, so columns 2k and 2k+1 stay adjacent) at the address the CuTe
   // tensor gives (its swizzle acts on the address bits). Written through the tensor, these
   // were element-wise generic stores: 388 of a d = 64 s = 512 CTA's 4,726 instructions per
-  // warp (docs/PERF.md, session 5 run 10).
+  // warp (docs/DECISIONS.md D-9).
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: O = 0, LSE = -inf
+    const SoftmaxRowState row = quad_row_state(rows[i]);
+    const float inv = row.finish(sc.raw_scale).out_scale;  // no visible key: O = 0, LSE = -inf
     const int r = get<0>(tOcO_rc(i, 0));
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
@@ -163,8 +164,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
     }
     if (p.lse != nullptr && owns_row_lse && c.m0 + r < c.rows) {
       const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] =
-          sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = row.finish(sc.raw_scale).lse;
     }
   }
   __syncthreads();

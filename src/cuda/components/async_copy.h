@@ -19,8 +19,8 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 // (Traits::kKvEvictFirst). The hinted copy carries the cache policy PTX createpolicy.fractional makes for
 // evict-first (the value CuTe names for TMA; a constant, which the compiler rematerialises
 // instead of holding a register pair through the mainloop). The default is the plain copy: the
-// hinted copy with an evict-normal policy measured 7% slower at batch 128 decode (docs/PERF.md,
-// session 5 run 6).
+// hinted copy with an evict-normal policy measured 7% slower at batch 128 decode
+// (docs/DECISIONS.md D-21).
 enum class L2Hint { none, evict_first };
 
 // 16-byte global->shared async copy to the shared-window address dst; src_bytes 0 zero-fills

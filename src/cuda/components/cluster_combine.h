@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/rules.h"
+#include "common/softmax_state.h"
 #include "cuda/components/epilogue.h"
 
 namespace flashattn {
@@ -17,7 +18,7 @@ using namespace cute;
 using cute::Tensor;  // not flashattn::Tensor (the public view)
 
 // The split-KV combine inside a thread-block cluster (sm_90; AttnParams::cluster_combine): the
-// num_splits CTAs of a unit are one cluster along grid y (launch_fwd), each holding its split's
+// num_splits CTAs of a unit are one cluster along grid y (launch_tile_grid), each holding its split's
 // SplitPartial. After a cluster barrier each CTA merges a share of the rows' 8-column chunks,
 // reading every split's partial through distributed shared memory, by the rule of combine.cu:
 //   lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s   (splits with lse_s = -inf skipped;
@@ -34,7 +35,7 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
   constexpr int kRowFloats = Traits::kMergeRowFloats;
   constexpr int kChunksPerRow = Traits::kHeadDim / 8;
   // A thread's tasks (row, 8-column chunk) are idx, idx + splits x threads, ...: at most
-  // kMaxTasks with the two splits a cluster has at least (backend.cu may_combine_splits_in_cluster).
+  // kMaxTasks with the two splits a cluster has at least (kernel_choice.cpp: cluster_combine).
   constexpr int kTasks = kBlockM * kChunksPerRow;
   constexpr int kMaxTasks = (kTasks + 2 * Traits::kNThreads - 1) / (2 * Traits::kNThreads);
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
@@ -74,20 +75,16 @@ __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const Ct
   for (int t = 0; t < kMaxTasks; ++t) {
     int r, col;
     if (!task_of(t, r, col)) continue;
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxClusterSplits; ++s) m = fmaxf(m, lse_s[t][s]);
-    float sum = 0.0f;
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxClusterSplits; ++s) sum += lse_s[t][s] == -INFINITY ? 0.0f : expf(lse_s[t][s] - m);
-    const float lse = m == -INFINITY || sum <= 0.0f ? -INFINITY : m + logf(sum);
+    const SoftmaxRowState merged =
+        merge_states<kMaxClusterSplits>([&](int s) { return state_of_lse(lse_s[t][s]); }, kLog2eSoftmax);
+    const float lse = merged.finish(1.0f).lse;
     float acc[8];
     CUTE_UNROLL
     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
     CUTE_UNROLL
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (lse_s[t][s] == -INFINITY || lse == -INFINITY) continue;  // also s >= splits
-      const float w = expf(lse_s[t][s] - lse);
+      if (lse_s[t][s] == -INFINITY || lse == -INFINITY) continue;  // an empty split (also s >= splits), or row
+      const float w = split_weight(lse_s[t][s], lse);
       const float4 lo = lo_s[t][s], hi = hi_s[t][s];
       acc[0] += w * lo.x, acc[1] += w * lo.y, acc[2] += w * lo.z, acc[3] += w * lo.w;
       acc[4] += w * hi.x, acc[5] += w * hi.y, acc[6] += w * hi.z, acc[7] += w * hi.w;

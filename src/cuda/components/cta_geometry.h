@@ -60,8 +60,8 @@ __device__ __forceinline__ CtaInfo decode_unit_info(const AttnParams& p, int uni
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   // Read before the block indices are chosen, and seq_info's reads as rules.h has them: the
-  // order session 8's build compiled. In another order ptxas rescheduled the whole d = 256
-  // wgmma kernel, 2-3% slower (docs/PERF.md session 19 runs 7-8).
+  // order docs/DECISIONS.md D-10 measured. In another order ptxas rescheduled the whole d = 256
+  // wgmma kernel, 2-3% slower (docs/DECISIONS.md D-10).
   const int heads = units_per_sequence(p);
   // The decode tile (one query tile per unit) is always launched unit by unit.
   const bool heavy_first = kBlockM != kQueryTileRowsDecode && p.heavy_tiles_first;
@@ -94,7 +94,7 @@ __device__ __forceinline__ CtaKeyTiles cta_key_tiles(const AttnParams& p, const 
   t.hi = keys.hi > keys.lo ? (keys.hi + kBlockN - 1) / kBlockN : t.lo;
   if (p.num_splits > 1) {
     // Splits are cut at whole splitkv_block_n(head_dim)-key units, as the CPU backend cuts
-    // them; a unit is a whole number of this kernel's tiles (launch_fwd checks), also when a
+    // them; a unit is a whole number of this kernel's tiles (launch_tile_grid checks), also when a
     // larger compiled head dim serves this one.
     // The unit is a power of two: shifts instead of divisions (keys are never negative).
     const int unit = splitkv_block_n(p.head_dim);

@@ -9,6 +9,7 @@
 #include "common/rules.h"
 #include "cuda/components/cta_geometry.h"
 #include "cuda/components/fragments.h"
+#include "cuda/components/online_softmax.h"
 #include "cuda/components/score_rules.h"
 #include "cuda/components/tile_loads.h"
 
@@ -59,8 +60,7 @@ struct SplitPartial {
 // quad_leader marks one thread per row. A row with no visible key (or an empty split) gets 0 and
 // LSE -inf.
 template <class Traits, int kDims, class AccO, int kRows, class RowFn>
-__device__ __forceinline__ void for_each_warp_row(const CtaInfo& c, const AccO& acc_o, const float (&row_max)[kRows],
-                                                  const float (&row_sum)[kRows], const ScoreScale& sc, int lane,
+__device__ __forceinline__ void for_each_warp_row(const CtaInfo& c, const AccO& acc_o, const SoftmaxRowState (&rows)[kRows], const ScoreScale& sc, int lane,
                                                   RowFn row_fn) {
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(lane);
@@ -71,11 +71,12 @@ __device__ __forceinline__ void for_each_warp_row(const CtaInfo& c, const AccO& 
   const bool quad_leader = get<1>(tOcO_rc(0, 0)) == 0;
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
+    const SoftmaxRowState row = quad_row_state(rows[i]);
     const int r = get<0>(tOcO_rc(i, 0));
     if (c.m0 + r >= c.rows) continue;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const float lse = sum > 0.0f ? row_max[i] * sc.raw_scale + logf(sum) : -INFINITY;
+    const SoftmaxResult result = row.finish(sc.raw_scale);
+    const float inv = result.out_scale;
+    const float lse = result.lse;
     auto for_each_pair = [&](auto store) {
       CUTE_UNROLL
       for (int d = 0; d < size<1>(o_rc); d += 2) store(get<1>(tOcO_rc(i, d)), o_rc(i, d) * inv, o_rc(i, d + 1) * inv);
@@ -87,17 +88,16 @@ __device__ __forceinline__ void for_each_warp_row(const CtaInfo& c, const AccO& 
 // The end of a CTA whose warps split the head dim (Traits::kWarpsSplitDims): every warp holds
 // the same row statistics and its own columns of O, so it normalises and writes them straight
 // from registers as the split's fp32 partials (global, or the CTA's SplitPartial with
-// cluster_combine), and warp 0 writes the LSE (rules.h decode_warps_split_dims takes this
+// cluster_combine), and warp 0 writes the LSE (tuning.h decode_warps_split_dims takes this
 // kernel only to split).
 template <class Traits, class AccO, int kRows>
 __device__ __forceinline__ void store_warp_columns(const AttnParams& p, const CtaInfo& c, int split,
-                                                   const AccO& acc_o, const float (&row_max)[kRows],
-                                                   const float (&row_sum)[kRows], const ScoreScale& sc,
+                                                   const AccO& acc_o, const SoftmaxRowState (&rows)[kRows], const ScoreScale& sc,
                                                    const SplitPartial& part, int warp, int lane) {
   constexpr int kDimsPerWarp = Traits::kDimsPerWarp;
   const int col0 = warp * kDimsPerWarp;
   for_each_warp_row<Traits, kDimsPerWarp>(
-      c, acc_o, row_max, row_sum, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
+      c, acc_o, rows, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
         int64_t row = 0;
         float* dst = part.o + r * Traits::kMergeRowFloats + col0;
         if (!p.cluster_combine) {
@@ -147,8 +147,7 @@ struct StageMergeO {
 // rewritten by the one thread that summed it) with 16-byte stores, and LSE.
 template <class Traits, class MergeO, class AccO, int kRows>
 __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const CtaInfo& c, int split,
-                                                      AccO& acc_o, const float (&row_max)[kRows],
-                                                      const float (&row_sum)[kRows], const ScoreScale& sc,
+                                                      AccO& acc_o, const SoftmaxRowState (&rows)[kRows], const ScoreScale& sc,
                                                       float* merge_max, float* merge_sum, const MergeO& merge_o,
                                                       const SplitPartial& part, const int64_t* o_off,
                                                       int tid) {
@@ -165,30 +164,20 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
   const bool owns_row_stat = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    const float sum = quad_allreduce_sum(row_sum[i]);
+    const SoftmaxRowState row = quad_row_state(rows[i]);
     if (owns_row_stat) {
       const int r = get<0>(tOcO_rc(i, 0));
-      merge_max[warp * kBlockM + r] = row_max[i];
-      merge_sum[warp * kBlockM + r] = sum;
+      merge_max[warp * kBlockM + r] = row.max;
+      merge_sum[warp * kBlockM + r] = row.sum;
     }
   }
   __syncthreads();
 
-  // The merged (M, L) of row r: warps that saw no key (max -inf) contribute nothing.
-  struct RowStat {
-    float max, sum;
-  };
+  // The merged state of row r over the warps (softmax_state.h merge_states).
   auto merged_row = [&](int r) {
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) m = fmaxf(m, merge_max[w * kBlockM + r]);
-    float l = 0.0f;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) {
-      const float mw = merge_max[w * kBlockM + r];
-      if (mw != -INFINITY) l += merge_sum[w * kBlockM + r] * exp2f((mw - m) * sc.scale_log2);
-    }
-    return RowStat{m, l};
+    return merge_states<kNWarps>(
+        [&](int w) { return SoftmaxRowState{merge_max[w * kBlockM + r], merge_sum[w * kBlockM + r]}; },
+        sc.scale_log2);
   };
 
   constexpr int kRowFloats = Traits::kMergeRowFloats;
@@ -196,10 +185,7 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const int r = get<0>(tOcO_rc(i, 0));
-    const RowStat row = merged_row(r);
-    const float factor = (row_max[i] == -INFINITY || row.sum <= 0.0f)
-                             ? 0.0f
-                             : exp2f((row_max[i] - row.max) * sc.scale_log2) / row.sum;
+    const float factor = rows[i].weight_in(merged_row(r), sc.scale_log2);
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
       const int col = get<1>(tOcO_rc(i, d));
@@ -245,8 +231,7 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
   // LSE of each row (the merged max in raw units times raw_scale, plus log L).
   if (tid < kBlockM && c.m0 + tid < c.rows) {
     const int r = tid;
-    const RowStat row = merged_row(r);
-    const float lse = row.sum > 0.0f ? row.max * sc.raw_scale + logf(row.sum) : -INFINITY;
+    const float lse = merged_row(r).finish(sc.raw_scale).lse;
     const PackedRow pr = tile_row_query(p, c, c.m0 + r);
     if (p.cluster_combine) {
       part.lse[r] = lse;
@@ -262,11 +247,11 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
 // registers (two elements of a row per store; a unit's O is a few hundred bytes).
 template <class Traits, class AccO, int kRows>
 __device__ __forceinline__ void store_warp_rows(const AttnParams& p, const CtaInfo& c, const AccO& acc_o,
-                                                const float (&row_max)[kRows], const float (&row_sum)[kRows],
+                                                const SoftmaxRowState (&rows)[kRows],
                                                 const ScoreScale& sc, int lane) {
   using Element = typename Traits::Element;
   for_each_warp_row<Traits, Traits::kHeadDim>(
-      c, acc_o, row_max, row_sum, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
+      c, acc_o, rows, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
         const PackedRow pr = tile_row_query(p, c, c.m0 + r);
         Element* dst = static_cast<Element*>(p.o) + o_offset(p, c.seq, c.b, pr.query, pr.head);
         for_each_pair([&](int col, float o0, float o1) {

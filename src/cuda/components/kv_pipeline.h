@@ -87,8 +87,8 @@ struct KvStages {
 // (whole 128-byte atoms), so each step adds a multiple of 1024 bytes to the unswizzled offset,
 // which the swizzle (on address bits 4-9) leaves alone. Through KvStages::issue
 // (load_strided_rows) a d = 64 tile cost ~75 instructions per K or V tile and thread, most of
-// them 64-bit generic-address and swizzle arithmetic redone per tile (SASS, docs/PERF.md
-// session 6). The decode kernels keep KvStages::issue: no gain there (session 6 run 3).
+// them 64-bit generic-address and swizzle arithmetic redone per tile (SASS, docs/DECISIONS.md D-7).
+// The decode kernels keep KvStages::issue: no gain there (docs/DECISIONS.md D-8).
 template <class Traits>
 struct ContiguousKvCopies {
   using Element = typename Traits::Element;

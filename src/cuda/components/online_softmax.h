@@ -15,32 +15,28 @@ using namespace cute;
 using cute::Tensor;  // not flashattn::Tensor (the public view)
 
 // The softmax half of an online-softmax step: fold the scores s (rows, cols) into the running
-// max and sum of each row and turn s into P = exp2(x * scale_log2 - max'); correction[i] is the
-// factor row i of O must be scaled by (rescale_rows) before P V is added. row_sum stays
+// state of each row and turn s into P = exp2(x * scale_log2 - max'); correction[i] is the
+// factor row i of O must be scaled by (rescale_rows) before P V is added. A row's sum stays
 // thread-local (reduced across the quad at the end).
 template <class S>
-__device__ __forceinline__ void softmax_update(S& s, float* row_max, float* row_sum,
-                                               float scale_log2, float* correction) {
+__device__ __forceinline__ void softmax_update(S& s, SoftmaxRowState* rows, float scale_log2, float* correction) {
   constexpr int kRows = decltype(size<0>(s))::value;
   constexpr int kCols = decltype(size<1>(s))::value;
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    float m = row_max[i];
+    float m = rows[i].max;
     CUTE_UNROLL
     for (int jj = 0; jj < kCols; ++jj) m = fmaxf(m, s(i, jj));
     m = quad_allreduce_max(m);
-    // A row that has seen no key yet keeps max -inf; use 0 as its offset to avoid inf - inf.
-    const float m_scaled = m == -INFINITY ? 0.0f : m * scale_log2;
-    correction[i] = exp2f(row_max[i] * scale_log2 - m_scaled);
-    row_max[i] = m;
-    row_sum[i] *= correction[i];
+    correction[i] = rows[i].raise_max(m, scale_log2);
+    const float m_scaled = rows[i].exp2_offset(scale_log2);
     float sum = 0.0f;
     CUTE_UNROLL
     for (int jj = 0; jj < kCols; ++jj) {
       s(i, jj) = exp2f(s(i, jj) * scale_log2 - m_scaled);
       sum += s(i, jj);
     }
-    row_sum[i] += sum;
+    rows[i].sum += sum;
   }
 }
 
@@ -60,11 +56,10 @@ __device__ __forceinline__ void rescale_rows(O& o_rc, const float* correction) {
 // is exact (x * 1.0f == x) and, after a walk's first tiles, the usual case: a decode warp's row
 // max rises at its n-th tile with probability about 1/n per row.
 template <bool kSkipUnitRescale = false, class S, class O>
-__device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_max, float* row_sum,
-                                                    float scale_log2) {
+__device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, SoftmaxRowState* rows, float scale_log2) {
   constexpr int kRows = decltype(size<0>(s))::value;
   float correction[kRows];
-  softmax_update(s, row_max, row_sum, scale_log2, correction);
+  softmax_update(s, rows, scale_log2, correction);
   if constexpr (kSkipUnitRescale) {
     bool rescale = false;
     CUTE_UNROLL
@@ -74,14 +69,17 @@ __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, float* row_ma
   rescale_rows(o_rc, correction);
 }
 
-// Every row starts with max -inf and sum 0 (no key seen).
+// Every row starts with no key seen.
 template <int kRows>
-__device__ __forceinline__ void start_softmax_rows(float (&row_max)[kRows], float (&row_sum)[kRows]) {
+__device__ __forceinline__ void start_softmax_rows(SoftmaxRowState (&rows)[kRows]) {
   CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.0f;
-  }
+  for (int i = 0; i < kRows; ++i) rows[i] = SoftmaxRowState::empty();
+}
+
+// Row i's state over the whole quad of threads that hold its columns (each thread's sum covers
+// its own columns; the max is already the quad's).
+__device__ __forceinline__ SoftmaxRowState quad_row_state(const SoftmaxRowState& row) {
+  return SoftmaxRowState{row.max, quad_allreduce_sum(row.sum)};
 }
 
 }  // namespace fwd

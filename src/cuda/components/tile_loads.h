@@ -83,7 +83,7 @@ __device__ __forceinline__ bool reads_page_table(const AttnParams& p) {
 // decode CTA reads its pages (lookup_paged_rows) once the sequence's lengths are known, so
 // that read is a second dependent memory latency before its first K/V copy; prefetched beside
 // the lengths' read, it hits the L2 (measured: 0.3-0.5 us per call at batch 1-8 x 1k; issued
-// after make_cta_info instead, nothing; docs/PERF.md, session 7 runs 3-4). The whole row is
+// after make_cta_info instead, nothing; docs/DECISIONS.md D-23). The whole row is
 // prefetched (which of its pages a CTA reads depends on the lengths): 4 bytes per cache row,
 // ~0.1% of the K/V bytes at page size 1.
 template <class Traits>
@@ -143,8 +143,7 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
 // rows_valid and columns >= head_dim are zero-filled. Each thread computes its first source
 // address once and steps it by constant multiples of the stride, so that a 16-byte copy costs a
 // predicate, an address add and the copy (the per-row offsets of load_tile cost ~15 integer
-// instructions per copy, a third of a one-tile decode CTA's instructions: docs/PERF.md,
-// session 4 run 7).
+// instructions per copy, a third of a one-tile decode CTA's instructions: docs/DECISIONS.md D-11).
 template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor>
 __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename Traits::Element* base,
                                                   const typename Traits::Element* first_row,
@@ -227,7 +226,7 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
 // copies from them. Against the offset table (compute_kv_offsets) this drops a division and
 // 64-bit products per row, the table's shared-memory round trip and the barrier between the
 // page-table read and the copies, which let a short decode CTA start its copies only after its
-// setup (docs/PERF.md, session 10).
+// setup (docs/DECISIONS.md D-22).
 template <class Traits>
 struct PagedRows {
   static constexpr int kRows = Traits::kBlockN / Traits::kGmemRowsPerPass;

@@ -64,12 +64,12 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
     decltype(partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{})) acc_o;
     decltype(tScS_rc) tScS_rc;
     int warp;
-    float row_max[kRows], row_sum[kRows];
+    SoftmaxRowState rows[kRows];
 
     // A new run of tiles: O = 0, no row seen.
     __device__ __forceinline__ void start() {
       clear(acc_o);
-      start_softmax_rows(row_max, row_sum);
+      start_softmax_rows(rows);
     }
     // Q (landed in shared memory, q_elems past the first buffer) into registers.
     __device__ __forceinline__ void load_q(int q_elems) {
@@ -94,7 +94,7 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
       apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
 
       Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
-      online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, row_max, row_sum, sc.scale_log2);
+      online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, rows, sc.scale_log2);
 
       Tensor rP = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
@@ -118,7 +118,6 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
                       partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{}),
                       tScS_rc,
                       warp,
-                      {},
                       {}};
 }
 
