@@ -3,6 +3,10 @@
 // Public C++ API. Every entry point validates all of its arguments before it touches any
 // output; a failed check throws flashattn::Error whose message names the argument, the rule
 // and the value seen. Semantics follow FlashAttention-2 (see README.md, "Semantics").
+// Sizes (and sums such as seqlen_q + seqlen_k) must stay below 2^31. A tensor the call writes
+// (out, softmax_lse, k_cache/v_cache when appending, the workspace) must not share memory with
+// another argument or with itself. Values inside index tensors are checked when they are in
+// host memory; in device memory they are not read on the host (no synchronisation).
 #pragma once
 
 #include <cstddef>
@@ -19,7 +23,7 @@ namespace flashattn {
 // ---------------------------------------------------------------------------------------------
 
 // Thrown on invalid input (kind = invalid_argument / type_error) and on backend failures
-// (kind = runtime). Python maps invalid_argument -> ValueError, type_error -> TypeError.
+// (kind = runtime: a CUDA error, a CPU worker thread that could not be started). Python maps invalid_argument -> ValueError, type_error -> TypeError.
 class Error : public std::runtime_error {
  public:
   enum class Kind { invalid_argument, type_error, unsupported, runtime };
@@ -115,8 +119,9 @@ struct AttentionOptions {
   std::optional<float> softmax_scale;
   // Causal mask aligned to the bottom-right corner: query i sees key j iff j <= i + sk - sq.
   bool causal = false;
-  // Local (sliding window) attention; -1 = unbounded on that side. With causal, the right
-  // side is forced to 0 (as in FlashAttention-2).
+  // Local (sliding window) attention; -1 = unbounded on that side, as is a left side >=
+  // seqlen_k or a right side >= seqlen_q. With causal, the right side is forced to 0 (as in
+  // FlashAttention-2).
   int window_left = -1;
   int window_right = -1;
   // > 0: scores become softcap * tanh(score * scale / softcap), before masking.
@@ -148,7 +153,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
 // ---------------------------------------------------------------------------------------------
 
 struct VarlenArgs {
-  Tensor cu_seqlens_q;  // (b + 1) int32, required
+  Tensor cu_seqlens_q;  // (b + 1) int32, required; from 0 up to total_q (every row of q used)
   Tensor cu_seqlens_k;  // (b + 1) int32, required
   int max_seqlen_q = 0;  // upper bound of the per-sequence query lengths
   int max_seqlen_k = 0;  // upper bound of the per-sequence key lengths
@@ -170,12 +175,17 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 
 struct KVCacheArgs {
   Tensor cache_seqlens;    // (b) int32; unset: every row holds max_sk keys
-  Tensor cache_batch_idx;  // (b) int32: batch b uses cache row cache_batch_idx[b]
+  Tensor cache_batch_idx;  // (b) int32: batch b uses cache row cache_batch_idx[b]; distinct
+                           // entries when k_new/v_new are appended
   Tensor cache_leftpad;    // (b) int32
-  Tensor block_table;      // (b, max_pages) int32: paged cache
+  Tensor block_table;      // (b, max_pages) int32: paged cache. Only the entries of pages in
+                           // use are read (padding past them, e.g. -1, is fine); a page receives
+                           // appended rows from one sequence, through one entry (checked
+                           // on host memory only: on CUDA colliding appends race).
   Tensor k_new;            // (b, s_new, hk, d)
   Tensor v_new;            // (b, s_new, hk, d)
-  Tensor rotary_cos;       // (max_position, rotary_dim / 2), q's dtype
+  Tensor rotary_cos;       // (max_position, rotary_dim / 2), q's dtype; a row for every cache
+                           // position and every rotary position of q
   Tensor rotary_sin;       // (max_position, rotary_dim / 2)
   bool rotary_interleaved = true;  // pairs (0,1),(2,3)… ; false: GPT-NeoX (i, i + rotary_dim/2)
   int num_splits = 0;      // 0: heuristic; 1: no split; n: up to kMaxSplits

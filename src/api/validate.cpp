@@ -293,7 +293,7 @@ void check_pages_in_use(const int* table, const Tensor& bt, int64_t num_pages, i
 // scratch size. q_len_name / k_len_name: the arguments that gave seqlen_q / seqlen_k.
 void check_int32_limits(const Problem& p, const char* q_len_name, const char* k_len_name) {
   if (int64_t(p.seqlen_q) + p.seqlen_k > kMaxIndex) {
-    fail(k_len_name, "seqlen_q + seqlen_k must be below 2^31 (key positions relative to queries are int32)",
+    fail(p.seqlen_q > p.seqlen_k ? q_len_name : k_len_name, "seqlen_q + seqlen_k must be below 2^31 (key positions relative to queries are int32)",
          str(p.seqlen_q) + " + " + str(p.seqlen_k));
   }
   const int64_t group = p.heads / p.heads_k;
