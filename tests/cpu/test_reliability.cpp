@@ -8,8 +8,10 @@
 //   - a worker thread that cannot be started is a flashattn::Error (runtime), not an abort.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -255,12 +257,24 @@ TEST(Reliability, DuplicateCacheBatchIdxWithoutAppendsIsAccepted) {
 
 // ---- threads ----------------------------------------------------------------------------------
 
-// 2000 threads of 8 MiB stacks do not fit a 3 GiB address space: the CPU backend must report
-// that as an Error (kind runtime), not abort. Run in a child process (the limit is the child's).
+// The address space the process uses now (bytes), from /proc/self/statm.
+size_t address_space_in_use() {
+  unsigned long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  return size_t(pages) * size_t(sysconf(_SC_PAGESIZE));
+}
+
+// 4000 thread stacks do not fit 1 GiB more address space than the process uses (8 MiB each by
+// default; even 1 MiB ones would not): the CPU backend must report that as an Error (kind
+// runtime), not abort. Run in a child process (the limit is the child's).
 void run_with_too_many_threads() {
-  const rlimit limit = {rlim_t(3) << 30, rlim_t(3) << 30};
+  const rlim_t limit_bytes = rlim_t(address_space_in_use()) + (rlim_t(1) << 30);
+  const rlimit limit = {limit_bytes, limit_bytes};
   if (setrlimit(RLIMIT_AS, &limit) != 0) std::exit(3);
-  constexpr int heads = 2000;  // one work item per head
+  constexpr int heads = 4000;  // one work item per head
   std::vector<uint16_t> q(heads * 16, 0x3c00), k(heads * 16, 0x3c00), v(heads * 16, 0x3c00), out(heads * 16);
   flashattn::AttentionOptions o;
   o.num_threads = heads;

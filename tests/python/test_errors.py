@@ -223,16 +223,18 @@ def test_varlen_cu_seqlens_overflow_and_short_total(rng):
 
 
 def test_thread_start_failure_is_a_runtime_error():
-    """In a child process under a 3 GiB address-space limit: 2000 threads cannot start."""
+    """In a child process allowed 1 GiB more address space than it uses: 4000 thread stacks do
+    not fit (8 MiB each by default; even 1 MiB ones would not)."""
     import subprocess
     import sys
     import textwrap
 
     code = textwrap.dedent("""
-        import resource, numpy as np, flashattn
-        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-        flashattn.set_num_threads(2000)
-        q = np.ones((1, 1, 2000, 16), np.float16)
+        import os, resource, numpy as np, flashattn
+        in_use = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGESIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (in_use + (1 << 30), in_use + (1 << 30)))
+        flashattn.set_num_threads(4000)
+        q = np.ones((1, 1, 4000, 16), np.float16)
         try:
             flashattn.flash_attn_func(q, q, q)
         except RuntimeError as e:
