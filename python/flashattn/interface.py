@@ -85,8 +85,9 @@ def _float(value, name):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__} "
                         f"({value!r})") from None
 
+
 def _check_dropout(dropout_p):
-    if dropout_p is None or float(dropout_p) != 0.0:
+    if dropout_p is None or _float(dropout_p, "dropout_p") != 0.0:
         raise NotImplementedError(
             f"dropout_p: must be 0.0, got {dropout_p}; flashattn implements the inference "
             "forward pass (no dropout)")
@@ -104,6 +105,13 @@ def _window(window_size):
     sides = (_int(left, "window_size[0]", -1, float("inf"), "-1 = unbounded"),
              _int(right, "window_size[1]", -1, float("inf"), "-1 = unbounded"))
     return tuple(min(side, _INT32_MAX) for side in sides)
+
+
+def _flag(value, name):
+    try:
+        return bool(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}") from None
 
 
 def _scale(softmax_scale):
@@ -158,7 +166,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
     _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes),
-               scale, bool(causal), left, right, softcap, ctx.stream(), _num_threads)
+               scale, _flag(causal, "causal"), left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -216,7 +224,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
                       max_seqlen_q, max_seqlen_k, _x(seqused_k), _x(leftpad_k),
                       _x(block_table), _x(lse), _x(alibi_slopes), scale,
-                      bool(causal), left, right, softcap, ctx.stream(), _num_threads)
+                      _flag(causal, "causal"), left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -282,8 +290,8 @@ def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_si
     num_splits, pack_gqa, workspace_bytes, kernel = _C.plan_kvcache(
         _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
         _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
-        _x(alibi_slopes), scale, bool(causal), left, right, softcap,
-        bool(rotary_interleaved), num_splits)
+        _x(alibi_slopes), scale, _flag(causal, "causal"), left, right, softcap,
+        _flag(rotary_interleaved, "rotary_interleaved"), num_splits)
     return KVCachePlan(num_splits, pack_gqa, workspace_bytes, kernel)
 
 
@@ -328,8 +336,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v),
                        _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
                        _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _x(lse),
-                       _x(alibi_slopes), scale, bool(causal), left, right, softcap,
-                       bool(rotary_interleaved), num_splits, _x(workspace), ctx.stream(),
+                       _x(alibi_slopes), scale, _flag(causal, "causal"), left, right, softcap,
+                       _flag(rotary_interleaved, "rotary_interleaved"), num_splits, _x(workspace), ctx.stream(),
                        _num_threads)
     if return_softmax_lse:
         return ctx.result(out), ctx.result(lse)

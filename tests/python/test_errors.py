@@ -87,6 +87,13 @@ def test_bad_float_is_named(dense, kw, name, exc):
     raises_named(exc, name, lambda: flashattn.flash_attn_func(*dense, **kw), *dense)
 
 
+def test_bad_flag_and_dropout_are_named(dense):
+    raises_named(TypeError, "causal", lambda: flashattn.flash_attn_func(
+        *dense, causal=np.ones(3, bool)), *dense)
+    raises_named(TypeError, "dropout_p", lambda: flashattn.flash_attn_func(
+        *dense, dropout_p="none"), *dense)
+
+
 def test_varlen_ints_are_named(rng):
     q, k = randn(rng, (5, 4, 16)), randn(rng, (9, 2, 16))
     cu_q, cu_k = np.array([0, 2, 5], np.int32), np.array([0, 4, 9], np.int32)
