@@ -68,6 +68,31 @@ def to_extension(x):
     return x
 
 
+def _contiguous_last_dim(x):
+    """An input whose last dimension is not contiguous, copied into one that is (flash_attn makes
+    such inputs contiguous the same way); any other input unchanged. NumPy, torch and CuPy; other
+    types go to the library as they are, which names the fix if it must refuse them. Only for
+    inputs: a tensor the call writes (out, softmax_lse, a cache that is appended to) is never
+    copied, so the library refuses it with that message instead."""
+    shape = getattr(x, "shape", None)
+    if not shape or shape[-1] <= 1:
+        return x
+    framework = framework_of(x)
+    if framework == "torch":
+        return x if x.stride(-1) == 1 else x.contiguous()
+    if framework in ("numpy", "cupy"):
+        if x.strides[-1] == x.itemsize:
+            return x
+        if framework == "numpy":
+            import numpy as np
+
+            return np.ascontiguousarray(x)
+        import cupy
+
+        return cupy.ascontiguousarray(x)
+    return x
+
+
 class Context:
     """Framework, device and stream of one call, taken from its first tensor."""
 
