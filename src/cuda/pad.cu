@@ -74,16 +74,14 @@ void copy_padded(const PaddedCopy& c, void* stream_handle) {
   check_launch("copy_padded_kernel");
 }
 
-// The device's default memory pool, stream-ordered: allowed while a stream is being captured
-// into a CUDA graph (the allocation becomes a graph memory node).
+// Stream-ordered memory from the pool current to the stream's device (its default pool unless
+// the application set another): allowed while the stream is being captured into a CUDA graph
+// (the allocation becomes a graph memory node).
 void* allocate_async(size_t bytes, void* stream_handle, int device_index) {
   if (bytes == 0) return nullptr;
   CurrentDevice current(device_index);
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaDeviceGetDefaultMemPool(&pool, device_index), "cudaDeviceGetDefaultMemPool");
   void* ptr = nullptr;
-  check_cuda(cudaMallocFromPoolAsync(&ptr, bytes, pool, static_cast<cudaStream_t>(stream_handle)),
-             "cudaMallocFromPoolAsync(staging)");
+  check_cuda(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream_handle)), "cudaMallocAsync(staging)");
   return ptr;
 }
 
