@@ -3,7 +3,11 @@
 # (cmake -S python -DFLASHATTN_PREBUILT=<prefix>), then imports flashattn in fresh interpreters:
 # alone (NumPy calls, a library error caught as ValueError), and when torch is importable,
 # before and after torch (tests/python/import_order.py).
+# With -DSTATIC_LIBSTDCXX=ON the library is first built afresh (CPU backend) with libstdc++
+# linked statically, as the GPU machine's compiler wrapper does: the condition of issue 28's
+# "free(): invalid pointer" (docs/DECISIONS-dropin.md); skipped when torch is not importable.
 #   -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR= -DGENERATOR= -DPYTHON= [-DCONFIG=] [-DCXX_COMPILER=]
+#   [-DSTATIC_LIBSTDCXX=ON]
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR PYTHON)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "python_prebuilt_test.cmake: -D${var}=... is required")
@@ -26,6 +30,23 @@ function(run_step name)
   message(STATUS "${name}: ok ${out}")
 endfunction()
 
+execute_process(COMMAND "${PYTHON}" -c "import torch" RESULT_VARIABLE no_torch OUTPUT_QUIET ERROR_QUIET)
+if(STATIC_LIBSTDCXX)
+  if(NOT no_torch EQUAL 0)
+    message(STATUS "SKIPPED: torch is not importable")
+    return()
+  endif()
+  set(lib_build "${WORK_DIR}/lib-build")
+  set(lib_args -S "${SOURCE_DIR}" -B "${lib_build}" -G "${GENERATOR}" "-DCMAKE_BUILD_TYPE=${CONFIG}"
+      -DFLASHATTN_CUDA=OFF -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF
+      -DFLASHATTN_SHARED_LIBSTDCXX=OFF "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++")
+  if(CXX_COMPILER)
+    list(APPEND lib_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+  endif()
+  run_step("configure the library (static libstdc++)" ${CMAKE_COMMAND} ${lib_args})
+  run_step("build the library" ${CMAKE_COMMAND} --build "${lib_build}" --config ${CONFIG})
+  set(BUILD_DIR "${lib_build}")
+endif()
 run_step("install" ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}" --config ${CONFIG})
 set(configure_args -S "${SOURCE_DIR}/python" -B "${ext}" -G "${GENERATOR}"
     "-DFLASHATTN_PREBUILT=${prefix}" "-DPython_EXECUTABLE=${PYTHON}" "-DCMAKE_BUILD_TYPE=${CONFIG}")
@@ -37,7 +58,6 @@ run_step("build the extension" ${CMAKE_COMMAND} --build "${ext}" --config ${CONF
 
 set(check "${SOURCE_DIR}/tests/python/import_order.py")
 set(orders "flashattn")
-execute_process(COMMAND "${PYTHON}" -c "import torch" RESULT_VARIABLE no_torch OUTPUT_QUIET ERROR_QUIET)
 if(no_torch EQUAL 0)
   list(APPEND orders "flashattn,torch" "torch,flashattn")
 else()
