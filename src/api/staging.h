@@ -20,12 +20,16 @@ constexpr int kCudaAlignmentBytes = 16;
 
 // head_dim rounded up to a multiple of kCudaHeadDimMultiple.
 int padded_head_dim(int head_dim);
-// The head dim the CUDA kernels run at: padded_head_dim (CPU: the head dim).
+// The head dim the CUDA kernels run at: padded_head_dim (CPU: the head dim, unless
+// FLASHATTN_STAGE_ON_CPU=1).
 int kernel_head_dim(const Problem& p);
 // The problem as the kernels run it (kernel_head_dim); planning and workspace use it.
 Problem kernel_problem(const Problem& p);
 
-// Whether the CUDA kernels can address t where it is (always true on the CPU).
+// Whether the CUDA kernels can address t where it is: its last dim a multiple of 8, its data
+// 16-byte aligned, its strides (of dims larger than 1) multiples of 16 bytes. Always true on
+// the CPU (unless FLASHATTN_STAGE_ON_CPU=1, a test switch: the CPU is then staged by the same
+// rule, with host copies, so that the CPU sweeps test the staging).
 bool kernel_ready(const Tensor& t);
 
 // The staged tensors of one call. Copies and allocations are queued on the call's stream;
@@ -46,8 +50,10 @@ class Staging {
 
  private:
   Tensor allocate_like(const Tensor& t);
+  void copy(const Tensor& src, const Tensor& dst);
 
   int head_dim_;
+  Device device_;
   int device_index_;
   void* stream_;
   std::vector<void*> allocations_;
