@@ -5,7 +5,7 @@
 # wrapper finds only libstdc++.a) gives each shared object its own private C++ runtime. Then
 # flashattn::Error thrown in libflashattn.so and caught in the Python extension crosses two
 # runtimes (seen: segfault on a ValueError), and in one process with torch two libstdc++ copies
-# meet (docs/DECISIONS-dropin.md, "exported symbols"). With the shared one, the library, the
+# meet (docs/DECISIONS.md D-46). With the shared one, the library, the
 # extension and torch use the one libstdc++.so.6.
 function(flashattn_link_shared_libstdcxx target)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU" OR APPLE OR WIN32)

@@ -2,7 +2,7 @@
 # public API of include/flashattn/flashattn.h (namespace flashattn, marked FLASHATTN_API).
 # Anything else exported (the static CUDA runtime, libstdc++ or CuTe template instances, the
 # library's internals) could interpose on another copy in the same process: see
-# docs/DECISIONS-dropin.md, "exported symbols".
+# docs/DECISIONS.md D-46.
 #   -DLIB=<path to libflashattn.so> -DNM=<nm>
 foreach(var LIB NM)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")

@@ -5,7 +5,7 @@
 # before and after torch (tests/python/import_order.py).
 # With -DSTATIC_LIBSTDCXX=ON the library is first built afresh (CPU backend) with libstdc++
 # linked statically, as the GPU machine's compiler wrapper does: the condition of issue 28's
-# "free(): invalid pointer" (docs/DECISIONS-dropin.md); skipped when torch is not importable.
+# "free(): invalid pointer" (docs/DECISIONS.md D-46); skipped when torch is not importable.
 #   -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR= -DGENERATOR= -DPYTHON= [-DCONFIG=] [-DCXX_COMPILER=]
 #   [-DSTATIC_LIBSTDCXX=ON]
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR PYTHON)

@@ -16,7 +16,7 @@
 // internals, and the static CUDA runtime and any static C++ runtime linked into it) is hidden
 // (-fvisibility=hidden plus the linker version script cmake/flashattn.map), so that no symbol of
 // the library interposes on, or is interposed by, another copy of those runtimes in the same
-// process (docs/DECISIONS-dropin.md, "exported symbols").
+// process (docs/DECISIONS.md D-46).
 #if defined(_WIN32)
 #define FLASHATTN_API
 #else
@@ -200,7 +200,7 @@ struct KVCacheArgs {
   // stream is being captured into a CUDA graph, memory allocated and freed around the call;
   // CPU calls allocate their own. A CUDA call whose head dim is not a multiple of 8 (or whose
   // q, caches or out the kernels cannot read in place) also allocates its staged copies per
-  // call, stream-ordered, workspace or not (docs/DECISIONS-dropin.md).
+  // call, stream-ordered, workspace or not (docs/DECISIONS.md D-45).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

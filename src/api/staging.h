@@ -5,7 +5,7 @@
 // tensor that is not so is staged, the way FlashAttention-2 pads: copied on the device into
 // scratch whose head dim is rounded up to a multiple of 8, the extra columns zero (so q·k is
 // unchanged and the extra output columns are dropped), and an output is copied back. The
-// softmax scale stays 1/sqrt(real head dim). Costs: docs/DECISIONS-dropin.md.
+// softmax scale stays 1/sqrt(real head dim). Costs: docs/DECISIONS.md D-45.
 #pragma once
 
 #include <utility>
