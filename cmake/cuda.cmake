@@ -39,5 +39,11 @@ if("90a" IN_LIST FLASHATTN_CUDA_ARCHS)
   # The sm_90a wgmma kernel (src/cuda/wgmma_kernel.h) is compiled in and chosen on sm_90 devices.
   target_compile_definitions(flashattn PRIVATE FLASHATTN_HAS_SM90A=1)
 endif()
-target_compile_options(flashattn PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --use_fast_math -O3 -lineinfo -Xptxas=-warn-spills>)
+target_compile_options(flashattn PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --use_fast_math -O3 -Xptxas=-warn-spills>)
+# -lineinfo (source lines for Nsight Compute / compute-sanitizer) records the absolute paths of
+# the sources in the device code; wheels leave it out (python/CMakeLists.txt), so that they hold
+# no path of the build machine.
+if(FLASHATTN_LINEINFO)
+  target_compile_options(flashattn PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+endif()
 target_link_libraries(flashattn PRIVATE CUDA::cudart_static)

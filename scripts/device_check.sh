@@ -107,6 +107,10 @@ stage_sanitize() {
     "--kvcache --paged --page-size 16 --batch 66 --seqlen-q 1 --seqlen-k 300 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
     "--kvcache --batch 33 --seqlen-q 3 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 3 --rotary interleaved"
     "--kvcache --batch 34 --seqlen-q 2 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 2 --rotary interleaved"
+    # head dims that are not multiples of 8: staged, zero-padded copies (src/api/staging.h)
+    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 59 --causal"
+    "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 1"
+    "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 2 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 111 --causal --append 2 --rotary neox"
   )
   local kernel
   for tool in memcheck racecheck; do

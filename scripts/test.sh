@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
 
 python3 -m pip install -q -r requirements.txt
+# torch (CPU use: the tests that need it skip themselves without it). PyPI's wheel pulls the
+# CUDA libraries: measured 90 s to download (2.8 GB) and ~7 min to install (5.3 GB) on a
+# 2-core machine (docs/DECISIONS.md D-47). FLASHATTN_TEST_TORCH=0 leaves it out.
+if [ "${FLASHATTN_TEST_TORCH:-1}" != "0" ]; then
+  python3 -m pip install -q torch || echo "torch could not be installed: its tests skip"
+fi
 
 echo "== C++ build (CPU backend) and ctest"
 cmake --preset cpu >/dev/null

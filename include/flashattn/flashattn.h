@@ -16,6 +16,17 @@
 #include <stdexcept>
 #include <string>
 
+// FLASHATTN_API marks what libflashattn.so exports: everything else in the library (its own
+// internals, and the static CUDA runtime and any static C++ runtime linked into it) is hidden
+// (-fvisibility=hidden plus the linker version script cmake/flashattn.map), so that no symbol of
+// the library interposes on, or is interposed by, another copy of those runtimes in the same
+// process (docs/DECISIONS.md D-46).
+#if defined(_WIN32)
+#define FLASHATTN_API
+#else
+#define FLASHATTN_API __attribute__((visibility("default")))
+#endif
+
 namespace flashattn {
 
 // ---------------------------------------------------------------------------------------------
@@ -23,8 +34,9 @@ namespace flashattn {
 // ---------------------------------------------------------------------------------------------
 
 // Thrown on invalid input (kind = invalid_argument / type_error) and on backend failures
-// (kind = runtime: a CUDA error, a CPU worker thread that could not be started). Python maps invalid_argument -> ValueError, type_error -> TypeError.
-class Error : public std::runtime_error {
+// (kind = runtime: a CUDA error, a CPU worker thread that could not be started). Python maps
+// invalid_argument -> ValueError, type_error -> TypeError.
+class FLASHATTN_API Error : public std::runtime_error {
  public:
   enum class Kind { invalid_argument, type_error, unsupported, runtime };
   Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
@@ -44,7 +56,7 @@ enum class Device { cpu, cuda };
 
 constexpr int kMaxDims = 4;
 
-struct Tensor {
+struct FLASHATTN_API Tensor {
   void* data = nullptr;
   DType dtype = DType::f32;
   Device device = Device::cpu;
@@ -67,10 +79,10 @@ struct Tensor {
                         int device_index = 0);
 };
 
-const char* dtype_name(DType dtype);
-const char* device_name(Device device);
-size_t dtype_size(DType dtype);
-std::string describe(const Tensor& t);  // "bf16 cuda:0 (2, 128, 8, 64) strides (…)"
+FLASHATTN_API const char* dtype_name(DType dtype);
+FLASHATTN_API const char* device_name(Device device);
+FLASHATTN_API size_t dtype_size(DType dtype);
+FLASHATTN_API std::string describe(const Tensor& t);  // "bf16 cuda:0 (2, 128, 8, 64) strides (…)"
 
 // ---------------------------------------------------------------------------------------------
 // Options shared by every forward call
@@ -93,7 +105,7 @@ enum class Kernel {
   persistent,  // CUDA decode: splitkeys on a persistent grid
   heads,       // CUDA decode: each warp computes one KV head whole
 };
-const char* kernel_name(Kernel kernel);  // "wgmma", ...; "automatic"
+FLASHATTN_API const char* kernel_name(Kernel kernel);  // "wgmma", ...; "automatic"
 
 enum class WgmmaTile { automatic, wide, narrow, narrow96 };
 enum class TileOrder { automatic, per_unit, heavy_first };
@@ -107,12 +119,15 @@ struct KernelOverride {
   TileOrder tile_order = TileOrder::automatic;  // order of the prefill query tiles
   bool cluster_combine = true;       // false: split decode merges in the combine kernel
   bool programmatic_launch = true;   // false: no programmatic dependent launches (sm_90)
+  // Tests only, read from FLASHATTN_KERNEL alone: CPU calls run on the zero-padded copies that
+  // CUDA calls whose tensors the kernels cannot read in place use (src/api/staging.h).
+  bool stage_on_cpu = false;
 };
 
 // FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first]
-// [,combine=kernel][,pdl=off], read once per process; unset or empty: the default override.
+// [,combine=kernel][,pdl=off][,stage=cpu], read once per process; unset or empty: the default override.
 // Throws Error(invalid_argument) naming the variable for a value it cannot parse.
-const KernelOverride& kernel_override_from_env();
+FLASHATTN_API const KernelOverride& kernel_override_from_env();
 
 struct AttentionOptions {
   // Multiplies q·k before softmax. Unset: 1/sqrt(head_dim).
@@ -143,8 +158,8 @@ struct AttentionOptions {
 // Dense: q (b, sq, h, d); k, v (b, sk, hk, d); out (b, sq, h, d). h % hk == 0.
 // ---------------------------------------------------------------------------------------------
 
-void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-             const AttentionOptions& options = {});
+FLASHATTN_API void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const AttentionOptions& options = {});
 
 // ---------------------------------------------------------------------------------------------
 // Variable length: q (total_q, h, d) packed by cu_seqlens_q (b + 1, int32).
@@ -162,8 +177,9 @@ struct VarlenArgs {
   Tensor block_table;   // (b, max_pages) int32: paged K/V
 };
 
-void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                    const VarlenArgs& args, const AttentionOptions& options = {});
+FLASHATTN_API void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const VarlenArgs& args,
+                                  const AttentionOptions& options = {});
 
 // ---------------------------------------------------------------------------------------------
 // KV cache: q (b, sq, h, d); k_cache, v_cache (b_cache, max_sk, hk, d), or with block_table
@@ -193,7 +209,9 @@ struct KVCacheArgs {
   // 256-byte aligned. When not given, CUDA calls use a scratch buffer kept per stream (as large
   // as the largest call on that stream needed; kept until the process ends), or while the
   // stream is being captured into a CUDA graph, memory allocated and freed around the call;
-  // CPU calls allocate their own.
+  // CPU calls allocate their own. A CUDA call whose head dim is not a multiple of 8 (or whose
+  // q, caches or out the kernels cannot read in place) also allocates its staged copies per
+  // call, stream-ordered, workspace or not (docs/DECISIONS.md D-45).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
@@ -211,18 +229,18 @@ struct Plan {
   Kernel kernel = Kernel::cpu;  // the kernel that runs the call (kernel_name(plan.kernel))
 };
 
-Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                  const KVCacheArgs& args, const AttentionOptions& options = {});
+FLASHATTN_API Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const KVCacheArgs& args, const AttentionOptions& options = {});
 
-void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const Tensor& out, const KVCacheArgs& args,
-                     const AttentionOptions& options = {});
+FLASHATTN_API void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   const Tensor& out, const KVCacheArgs& args,
+                                   const AttentionOptions& options = {});
 
 // ---------------------------------------------------------------------------------------------
 // Build information
 // ---------------------------------------------------------------------------------------------
 
-bool cuda_available();     // built with CUDA and a device is visible
-std::string build_info();  // version, backends, compiled head dims and dtypes
+FLASHATTN_API bool cuda_available();     // built with CUDA and a device is visible
+FLASHATTN_API std::string build_info();  // version, backends, compiled head dims and dtypes
 
 }  // namespace flashattn

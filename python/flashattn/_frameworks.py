@@ -68,6 +68,48 @@ def to_extension(x):
     return x
 
 
+def _contiguous_last_dim(x):
+    """An input whose last dimension is not contiguous, copied into one that is (flash_attn makes
+    such inputs contiguous the same way); any other input unchanged. NumPy, torch and CuPy; other
+    types go to the library as they are, which names the fix if it must refuse them. Only for
+    inputs: a tensor the call writes (out, softmax_lse, a cache that is appended to) is never
+    copied, so the library refuses it with that message instead."""
+    if x is None:
+        return x
+    kind = type(x)
+    copy_if_strided = _COPY_IF_STRIDED.get(kind)
+    if copy_if_strided is None:
+        copy_if_strided = _COPY_IF_STRIDED.setdefault(kind, _copier_for(x))
+    return copy_if_strided(x)
+
+
+def _copier_for(x):
+    """The last-dim check and copy for x's type (looked up once per type: a call checks each
+    input in well under a microsecond)."""
+    framework = framework_of(x)
+    if framework == "torch":
+        def torch_copy(t):
+            if t.is_contiguous() or t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1:
+                return t
+            return t.contiguous()
+        return torch_copy
+    if framework in ("numpy", "cupy"):
+        if framework == "numpy":
+            import numpy as module
+        else:
+            import cupy as module
+
+        def array_copy(a):
+            if a.flags.c_contiguous or a.ndim == 0 or a.shape[-1] <= 1 or a.strides[-1] == a.itemsize:
+                return a
+            return module.ascontiguousarray(a)
+        return array_copy
+    return lambda other: other
+
+
+_COPY_IF_STRIDED = {}
+
+
 class Context:
     """Framework, device and stream of one call, taken from its first tensor."""
 

@@ -24,7 +24,8 @@ import operator
 from collections import namedtuple
 
 from . import _C
-from ._frameworks import WORKSPACE_ALIGNMENT, Context, framework_of, to_extension
+from ._frameworks import (WORKSPACE_ALIGNMENT, Context, _contiguous_last_dim, framework_of,
+                          to_extension)
 
 __all__ = [
     "flash_attn_func",
@@ -144,6 +145,12 @@ def _output(ctx, out, shape):
 
 
 def _x(x):
+    """An input argument for the extension (copied first if its last dim is not contiguous)."""
+    return to_extension(_contiguous_last_dim(x))
+
+
+def _w(x):
+    """An argument the call writes (or only reads the shape of): passed as it is."""
     return to_extension(x)
 
 
@@ -165,7 +172,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ctx = Context(q)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
-    _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes),
+    _C.forward(_x(q), _x(k), _x(v), _w(out), _w(lse), _x(alibi_slopes),
                scale, _flag(causal, "causal"), left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
@@ -221,9 +228,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ctx = Context(q)
     out = _output(ctx, out, (total_q, h, dv))
     lse = ctx.empty((h, total_q), "float32") if return_attn_probs else None
-    _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
+    _C.forward_varlen(_x(q), _x(k), _x(v), _w(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
                       max_seqlen_q, max_seqlen_k, _x(seqused_k), _x(leftpad_k),
-                      _x(block_table), _x(lse), _x(alibi_slopes), scale,
+                      _x(block_table), _w(lse), _x(alibi_slopes), scale,
                       _flag(causal, "causal"), left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
@@ -288,7 +295,7 @@ def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_si
     ctx = Context(q)
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
     num_splits, pack_gqa, workspace_bytes, kernel = _C.plan_kvcache(
-        _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
+        _x(q), _w(k_cache), _w(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
         _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
         _x(alibi_slopes), scale, _flag(causal, "causal"), left, right, softcap,
         _flag(rotary_interleaved, "rotary_interleaved"), num_splits)
@@ -333,12 +340,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_softmax_lse else None
-    _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v),
+    _C.forward_kvcache(_x(q), _w(k_cache), _w(v_cache), _w(out), _x(k), _x(v),
                        _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
-                       _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _x(lse),
+                       _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _w(lse),
                        _x(alibi_slopes), scale, _flag(causal, "causal"), left, right, softcap,
-                       _flag(rotary_interleaved, "rotary_interleaved"), num_splits, _x(workspace), ctx.stream(),
-                       _num_threads)
+                       _flag(rotary_interleaved, "rotary_interleaved"), num_splits,
+                       _w(workspace), ctx.stream(), _num_threads)
     if return_softmax_lse:
         return ctx.result(out), ctx.result(lse)
     return ctx.result(out)

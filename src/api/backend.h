@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "api/kernel_choice.h"
@@ -51,6 +52,26 @@ struct ScratchLease {
 ScratchLease acquire_scratch(size_t bytes, void* stream, int device_index);
 void release_scratch(const ScratchLease& lease, void* stream);
 std::string compiled_instances();  // "bf16: 64 128; fp16: 64 128" for build_info()
+
+// Staging (src/api/staging.h, src/cuda/pad.cu): a strided copy of a 4-D array of 16-bit
+// elements into another of the same outer shape (dims 0..2). Of the last dimension, the first
+// min(src_cols, dst_cols) columns are copied and dst's columns from src_cols on are set to 0.
+// Strides in elements. Queued on the stream; nothing is allocated.
+struct PaddedCopy {
+  int device_index = 0;
+  int element_bytes = 2;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t shape[3] = {0, 0, 0};
+  int64_t src_stride[3] = {0, 0, 0};
+  int64_t dst_stride[3] = {0, 0, 0};
+  int src_cols = 0;
+  int dst_cols = 0;
+};
+void copy_padded(const PaddedCopy& copy, void* stream);
+// Stream-ordered device memory for staged tensors (the device's default pool; capturable).
+void* allocate_async(size_t bytes, void* stream, int device_index);
+void free_async(void* ptr, void* stream, int device_index);
 }  // namespace cuda
 
 }  // namespace flashattn

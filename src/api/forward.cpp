@@ -4,6 +4,7 @@
 
 #include "api/backend.h"
 #include "api/plan.h"
+#include "api/staging.h"
 #include "api/validate.h"
 #include "common/params.h"
 
@@ -95,7 +96,9 @@ AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const
   a.batch = p.batch;
   a.num_heads = p.heads;
   a.num_heads_k = p.heads_k;
-  a.head_dim = p.head_dim;
+  // The kernels' head dim: with a head dim that is not a multiple of 8 on cuda, q, k, v and out
+  // are all staged copies of that width (staging.h); the scale stays the real head dim's.
+  a.head_dim = kernel_head_dim(p);
   a.seqlen_q = p.seqlen_q;
   a.seqlen_k = p.seqlen_k;
   set_options(a, p, o);
@@ -114,18 +117,19 @@ void set_paging(AttnParams& a, const Tensor& block_table, int page_size) {
 
 bool nothing_to_do(const Problem& p) { return p.batch == 0 || p.seqlen_q == 0; }
 
-// Splits (with the scratch they need) and GQA packing, then the backend.
-void run_attention(const Problem& p, AttnParams& a, const KernelChoice& choice, const Scratch& scratch,
+// Splits (with the scratch they need) and GQA packing, then the backend. kp: the problem as the
+// kernels run it (kernel_problem).
+void run_attention(const Problem& kp, AttnParams& a, const KernelChoice& choice, const Scratch& scratch,
                    void* stream) {
   a.pack_gqa = choice.pack_gqa;
   a.num_splits = choice.num_splits;
   a.deep_decode = choice.deep_pipeline;
   if (choice.num_splits > 1) {
-    const Workspace w = workspace_layout(p, choice.num_splits);
+    const Workspace w = workspace_layout(kp, choice.num_splits);
     a.o_accum = reinterpret_cast<float*>(scratch.at(w.o_accum_offset));
     a.lse_accum = reinterpret_cast<float*>(scratch.at(w.lse_accum_offset));
   }
-  if (p.device == Device::cuda) {
+  if (kp.device == Device::cuda) {
     cuda::run_attention(a, choice, stream);
   } else {
     cpu::run_attention(a);
@@ -133,10 +137,10 @@ void run_attention(const Problem& p, AttnParams& a, const KernelChoice& choice, 
 }
 
 void run_planned(const Problem& p, AttnParams& a, const AttentionOptions& o) {
-  if (nothing_to_do(p)) return;
-  const CallPlan plan = make_plan(p, o, 0);
-  Scratch scratch(p, plan.workspace_bytes, nullptr, o.stream);
-  run_attention(p, a, plan.choice, scratch, o.stream);
+  const Problem kp = kernel_problem(p);
+  const CallPlan plan = make_plan(kp, o, 0);
+  Scratch scratch(kp, plan.workspace_bytes, nullptr, o.stream);
+  run_attention(kp, a, plan.choice, scratch, o.stream);
 }
 
 // ---- kv cache: append ------------------------------------------------------------------------
@@ -191,43 +195,52 @@ AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor&
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const AttentionOptions& options) {
   const Problem p = validate_forward(q, k, v, out, options);
-  AttnParams a = make_params(p, q, k, v, out, options);
+  if (nothing_to_do(p)) return;
+  Staging staged(p, options.stream);
+  AttnParams a = make_params(p, staged.input(q), staged.input(k), staged.input(v), staged.output(out), options);
   run_planned(p, a, options);
+  staged.finish();
 }
 
 void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                     const VarlenArgs& args, const AttentionOptions& options) {
   const Problem p = validate_varlen(q, k, v, out, args, options);
-  AttnParams a = make_params(p, q, k, v, out, options);
+  if (nothing_to_do(p)) return;
+  Staging staged(p, options.stream);
+  AttnParams a = make_params(p, staged.input(q), staged.input(k), staged.input(v), staged.output(out), options);
   a.cu_seqlens_q = ints(args.cu_seqlens_q);
   a.cu_seqlens_k = ints(args.cu_seqlens_k);
   a.seqused_k = ints(args.seqused_k);
   a.leftpad_k = ints(args.leftpad_k);
   set_paging(a, args.block_table, p.page_size);
   run_planned(p, a, options);
+  staged.finish();
 }
 
 Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                   const KVCacheArgs& args, const AttentionOptions& options) {
   const Problem p = validate_kvcache_plan(q, k_cache, v_cache, args, options);
-  return make_plan(p, options, args.num_splits).summary();
+  return make_plan(kernel_problem(p), options, args.num_splits).summary();
 }
 
 void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const KVCacheArgs& args,
                      const AttentionOptions& options) {
   const Problem p = validate_kvcache(q, k_cache, v_cache, out, args, options);
-  const CallPlan plan = make_plan(p, options, args.num_splits);
+  const Problem kp = kernel_problem(p);
+  const CallPlan plan = make_plan(kp, options, args.num_splits);
   validate_workspace(q, k_cache, v_cache, out, args, options, plan.workspace_bytes);
   if (p.batch == 0) return;
-  Scratch scratch(p, plan.workspace_bytes, args.workspace, options.stream);
+  Scratch scratch(kp, plan.workspace_bytes, args.workspace, options.stream);
 
-  // 1. append the new keys/values (rotated) and rotate q
+  // 1. append the new keys/values (rotated) into the caller's cache and rotate q, at the real
+  // head dim: the append kernel takes any head dim and strides, so no staging is needed here
+  // and nothing has to be written back into the cache afterwards.
   Tensor q_used = q;
   if (p.seqlen_new > 0 || p.rotary_dim > 0) {
     AppendParams ap = make_append_params(p, q, k_cache, v_cache, args, options);
     if (p.rotary_dim > 0) {
-      ap.q_rot = scratch.at(workspace_layout(p, plan.choice.num_splits).q_rot_offset);
+      ap.q_rot = scratch.at(workspace_layout(kp, plan.choice.num_splits).q_rot_offset);
       q_used = Tensor::contiguous(ap.q_rot, q.dtype, {q.shape[0], q.shape[1], q.shape[2], q.shape[3]},
                                   q.device, q.device_index);
     }
@@ -239,14 +252,18 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
   if (p.seqlen_q == 0) return;
 
-  // 2. attend over the cache
-  AttnParams a = make_params(p, q_used, k_cache, v_cache, out, options);
+  // 2. attend over the cache, through staged copies of what the kernels cannot read in place
+  // (all of q, the caches and out when the head dim is not a multiple of 8 on cuda)
+  Staging staged(p, options.stream);
+  AttnParams a = make_params(p, staged.input(q_used), staged.input(k_cache), staged.input(v_cache),
+                             staged.output(out), options);
   a.seqused_k = ints(args.cache_seqlens);
   a.seqused_k_added = p.seqlen_new;
   a.leftpad_k = ints(args.cache_leftpad);
   a.cache_batch_idx = ints(args.cache_batch_idx);
   set_paging(a, args.block_table, p.page_size);
-  run_attention(p, a, plan.choice, scratch, options.stream);
+  run_attention(kp, a, plan.choice, scratch, options.stream);
+  staged.finish();
 }
 
 }  // namespace flashattn

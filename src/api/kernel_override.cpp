@@ -26,7 +26,7 @@ constexpr Named kKernels[] = {
 [[noreturn]] void bad_value(const std::string& value, const std::string& why) {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
-                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off],"
+                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu],"
                                                  " kernel one of automatic, mma, wgmma, splitkeys, deep, dims,"
                                                  " persistent, heads)");
 }
@@ -59,6 +59,8 @@ void apply_field(const std::string& field, bool first, const std::string& whole,
     o.cluster_combine = false;
   } else if (key == "pdl" && value == "off") {
     o.programmatic_launch = false;
+  } else if (key == "stage" && value == "cpu") {
+    o.stage_on_cpu = true;
   } else {
     bad_value(whole, "unknown setting '" + field + "'");
   }

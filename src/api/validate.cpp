@@ -14,11 +14,10 @@
 
 #include "api/backend.h"
 #include "api/overlap.h"
+#include "api/staging.h"
 
 namespace flashattn {
 
-constexpr int kCudaHeadDimMultiple = 8;    // 16-byte rows of fp16/bf16
-constexpr int kCudaAlignmentBytes = 16;    // cp.async 16-byte copies
 constexpr size_t kWorkspaceAlignment = 256;
 // Sizes, lengths and positions are int32 in the kernels and in AttnParams: every tensor size,
 // and every sum of lengths the mask computes (i + seqlen_k - seqlen_q), stays at most this.
@@ -85,7 +84,8 @@ void require_same_device(const Tensor& t, const char* name, const Tensor& q) {
 
 void require_last_dim_contiguous(const Tensor& t, const char* name) {
   if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.stride[t.ndim - 1] != 1) {
-    fail(name, "must have a contiguous last dimension (stride 1)",
+    fail(name, "must have a contiguous last dimension (stride 1); copy it into one first "
+               "(torch: .contiguous(), NumPy: np.ascontiguousarray)",
          "stride " + str(t.stride[t.ndim - 1]));
   }
 }
@@ -138,29 +138,21 @@ void check_like_q(const Tensor& t, const char* name, const Tensor& q) {
   require_last_dim_contiguous(t, name);
 }
 
+// Any stride and head dim are served on cuda (src/api/staging.h copies what the kernels cannot
+// read in place); the data must still be aligned to its element size.
 void check_cuda_alignment(const Tensor& t, const char* name) {
   if (t.device != Device::cuda || !t.defined()) return;
   const size_t bytes = dtype_size(t.dtype);
-  if (reinterpret_cast<uintptr_t>(t.data) % kCudaAlignmentBytes != 0) {
-    fail(name, "data must be 16-byte aligned on cuda", "address % 16 = " +
-         str(int64_t(reinterpret_cast<uintptr_t>(t.data) % kCudaAlignmentBytes)));
-  }
-  for (int i = 0; i + 1 < t.ndim; ++i) {
-    if (t.shape[i] > 1 && (t.stride[i] * int64_t(bytes)) % kCudaAlignmentBytes != 0) {
-      fail(name, "strides must be multiples of 16 bytes on cuda (" +
-                     str(kCudaAlignmentBytes / int64_t(bytes)) + " elements)",
-           "stride " + str(t.stride[i]) + " in dim " + str(i));
-    }
+  if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) {
+    fail(name, "data must be aligned to its element size (" + str(int64_t(bytes)) + " bytes) on cuda",
+         "address % " + str(int64_t(bytes)) + " = " + str(int64_t(reinterpret_cast<uintptr_t>(t.data) % bytes)));
   }
 }
 
 void check_head_dim(const Tensor& q, int d) {
   if (d < 1 || d > kMaxHeadDim) fail("q", "head dim must be in [1, 256]", str(d));
   if (q.device == Device::cuda) {
-    if (d % kCudaHeadDimMultiple != 0) {
-      fail("q", "head dim must be a multiple of 8 on cuda", str(d));
-    }
-    if (!cuda::supports(q.dtype, d)) {
+    if (!cuda::supports(q.dtype, padded_head_dim(d))) {
       fail(Error::Kind::unsupported, "q",
            std::string("no CUDA kernel compiled for this dtype and head dim (compiled: ") +
                cuda::compiled_instances() + ")",

@@ -32,6 +32,11 @@ void release_scratch(const ScratchLease& lease, void* /*stream*/) {
   if (lease.ptr != nullptr) refuse("device release");
 }
 std::string compiled_instances() { return "none (built without CUDA)"; }
+void copy_padded(const PaddedCopy& /*copy*/, void* /*stream*/) { refuse("staging copy"); }
+void* allocate_async(size_t /*bytes*/, void* /*stream*/, int /*device_index*/) { refuse("device allocation"); }
+void free_async(void* ptr, void* /*stream*/, int /*device_index*/) {
+  if (ptr != nullptr) refuse("device release");
+}
 
 }  // namespace cuda
 }  // namespace flashattn

@@ -77,6 +77,16 @@ std::vector<int> head_dims(Device device) {
   return dims;
 }
 
+// Issue 28's head dims: every head dim from 1 to 256 is served on both devices; on CUDA those
+// that are not multiples of 8 run on staged, zero-padded copies (src/api/staging.h).
+const std::vector<int> kAnyHeadDims = {1, 8, 59, 80, 111, 200, 256};
+
+// An even rotary dim <= d (0 when d < 2): about half of d, or all of it.
+int rotary_dim_for(int d, bool whole) {
+  if (d < 2) return 0;
+  return whole ? d / 2 * 2 : std::max(2, d / 4 * 2);
+}
+
 std::vector<DType> dtypes(Device device) {
   if (device == Device::cpu) return {DType::bf16, DType::f16, DType::f32};
   return {DType::bf16, DType::f16};
@@ -158,6 +168,12 @@ std::vector<DenseCase> dense_cases(Device device) {
   add(DType::f16, 2, 1, 4097, 4, 1, 128, Features{});
   add(DType::bf16, 1, 4097, 17, 2, 1, 32, window(8, 8));
   add(DType::f16, 1, 17, 4097, 2, 2, 256, with_alibi(Features{}, Alibi::per_head));
+  // any head dim: contiguous, padded strides, packed qkv (strides not multiples of 8 on CUDA)
+  for (int d : kAnyHeadDims) {
+    add(DType::bf16, 2, 113, 339, 4, 2, d, Features{});
+    add(DType::f16, 2, 17, 113, 7, 1, d, with_alibi(causal(), Alibi::per_head), Layout::padded);
+    add(DType::bf16, 1, 65, 65, 2, 2, d, window(16, 0), Layout::qkv_packed);
+  }
   // seeded combinations
   std::mt19937_64 rng(kCombinationSeed);
   const std::vector<int> lens = {1, 3, 17, 113, 339, 799};
@@ -228,6 +244,22 @@ std::vector<VarlenCase> varlen_cases(Device device) {
     c.seqused_k = c.leftpad_k = true;
     c.page_size = 16;
     v.push_back(c);
+  }
+  // any head dim: packed and paged keys, seqused_k and leftpad_k
+  for (int d : kAnyHeadDims) {
+    for (int page : {0, 16}) {
+      VarlenCase c;
+      c.device = device;
+      c.dtype = page ? DType::f16 : DType::bf16;
+      c.seqlens_q = {17, 1, 0, 113};
+      c.seqlens_k = {339, 3, 17, 113};
+      c.h = 4, c.hk = 2, c.d = d;
+      c.f = page ? causal() : with_softcap(Features{}, 10.0f);
+      c.seqused_k = c.leftpad_k = page > 0;
+      c.page_size = page;
+      c.layout = page ? Layout::contiguous : Layout::padded;
+      v.push_back(c);
+    }
   }
   // seeded combinations
   std::mt19937_64 rng(kCombinationSeed + 1);
@@ -474,6 +506,32 @@ std::vector<KVCase> kvcache_cases(Device device) {
     c.f = window(5, 0);
     add(c);
   }
+  // any head dim: append with rotary into a paged cache (split), into a contiguous cache
+  // through cache_batch_idx and leftpad, and q/k_new/v_new slices of one packed buffer
+  for (int d : kAnyHeadDims) {
+    KVCase c = decode(device, bf, 3, 4, 2, d, 339, 1);
+    c.page_size = 16;
+    c.rotary = d >= 2 ? Rotary::neox : Rotary::none;
+    c.rotary_dim = rotary_dim_for(d, false);
+    c.num_splits = 3;
+    c.caller_workspace = true;
+    c.f = causal();
+    add(c);
+    c = decode(device, fp, 2, 7, 1, d, 113, 3);
+    c.sq = 3;
+    c.page_size = 0;
+    c.batch_idx = true;
+    c.leftpad = true;
+    c.rotary = d >= 2 ? Rotary::interleaved : Rotary::none;
+    c.rotary_dim = rotary_dim_for(d, true);
+    c.f = with_alibi(causal(), Alibi::per_batch_head);
+    add(c);
+    c = decode(device, bf, 2, 4, 2, d, 113, 2);
+    c.sq = 2;
+    c.layout = Layout::qkv_packed;
+    c.f = window(8, 0);
+    add(c);
+  }
   // seeded combinations
   std::mt19937_64 rng(kCombinationSeed + 2);
   for (int n = 0; n < kKVCombinations; ++n) {
@@ -536,6 +594,11 @@ std::vector<KVCase> kvcache_split_cases(Device device) {
     KVCase c = decode(device, DType::f32, 2, 2, 1, 59, 339, 1);
     add(c);
   }
+  for (int d : {59, 111}) {  // staged on CUDA (head dim not a multiple of 8)
+    KVCase c = decode(device, DType::bf16, 2, 4, 1, d, 799, 1);
+    c.f = causal();
+    add(c);
+  }
   return v;
 }
 
@@ -571,6 +634,14 @@ std::vector<KVCase> kvcache_paging_cases(Device device) {
   // The benchmark's batch 1 x 4k decode (h 32, hk 8, d 128): 32 split-dims CTAs per KV head
   // paged, the deep pipeline on sm_90 contiguous.
   add(decode(device, DType::bf16, 1, 32, 8, 128, 4096, 1));
+  {
+    KVCase c = decode(device, DType::f16, 2, 4, 2, 59, 339, 2);  // staged on CUDA
+    c.sq = 2;
+    c.f = causal();
+    c.rotary = Rotary::neox;
+    c.rotary_dim = 58;
+    add(c);
+  }
   return v;
 }
 

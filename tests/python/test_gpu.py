@@ -46,6 +46,19 @@ def require_instance(dtype, d):
         pytest.skip(f"no CUDA kernels compiled for {name} head dim {d}")
 
 
+def require_serving_instance(dtype, d):
+    """Skip a head dim that no compiled instance serves: the smallest compiled head dim at
+    least d rounded up to a multiple of 8 (staged copies, src/api/staging.h)."""
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    padded = -(-d // 8) * 8
+    if not any(c >= padded for c in compiled_instances().get(name, set())):
+        pytest.skip(f"no CUDA kernels compiled for {name} that serve head dim {d}")
+
+
+# Issue 28: every head dim from 1 to 256 (test_cpu.py has the same list).
+ANY_HEAD_DIMS = [1, 8, 59, 80, 111, 200, 256]
+
+
 # ---- torch float64 reference ----------------------------------------------------------------
 
 def attend(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=0.0, slopes=None,
@@ -233,12 +246,14 @@ def test_kvcache_paged(dtype, page_size, num_splits):
     assert_lse(lse, ref_lse)
 
 
-def test_decode_cuda_graph():
+@pytest.mark.parametrize("d", [128, 59])
+def test_decode_cuda_graph(d):
     """A decode step (append + attend over a paged cache, split-KV) captured once and replayed
-    for several steps; the captured call allocates nothing (workspace from plan_kvcache)."""
+    for several steps; with d = 128 the captured call allocates nothing (workspace from
+    plan_kvcache); with d = 59 its staged copies are allocated in the graph (memory nodes)."""
     torch.manual_seed(5)
-    dtype, b, h, hk, d, page_size, max_sk = torch.bfloat16, 4, 16, 4, 128, 16, 2048
-    require_instance(dtype, d)
+    dtype, b, h, hk, page_size, max_sk = torch.bfloat16, 4, 16, 4, 16, 2048
+    require_serving_instance(dtype, d)
     k_cache, v_cache, table = paged_cache(b, max_sk, page_size, hk, d, dtype)
     seqlens = torch.tensor([1000, 3, 1500, 64], dtype=torch.int32, device="cuda")
     q = randn(b, 1, h, d, dtype=dtype)
@@ -286,6 +301,121 @@ def test_decode_cuda_graph():
             n = int(seqlens[bb])
             assert torch.equal(gather(k_cache, table, bb, n + 1)[n], k_new[bb, 0])
         seqlens.add_(1)  # the next decode step appends one row further
+
+
+# ---- any head dim (issue 28): staged, zero-padded copies where d % 8 != 0 ---------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", ANY_HEAD_DIMS)
+def test_any_head_dim_dense_varlen(dtype, d):
+    require_serving_instance(dtype, d)
+    torch.manual_seed(7)
+    q, k, v = randn(2, 77, 4, d, dtype=dtype), randn(2, 131, 2, d, dtype=dtype), \
+        randn(2, 131, 2, d, dtype=dtype)
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    ref, ref_lse = dense_ref(q, k, v, causal=True)
+    naive, _ = dense_ref(q, k, v, causal=True, lowp=dtype)
+    assert_close(out, ref, naive, dtype)
+    assert_lse(lse, ref_lse)
+    # q, k, v slices of one packed buffer: strides 3 * h * d (not multiples of 8 for odd d)
+    qkv = randn(2, 65, 3, 4, d, dtype=dtype)
+    out = flashattn.flash_attn_qkvpacked_func(qkv, window_size=(16, 0))
+    q, k, v = qkv.unbind(2)
+    ref, _ = dense_ref(q, k, v, window=(16, 0))
+    naive, _ = dense_ref(q, k, v, window=(16, 0), lowp=dtype)
+    assert_close(out, ref, naive, dtype, "packed out")
+    # varlen
+    lq, lk = [1, 113, 0, 17], [17, 339, 5, 17]
+    cu = lambda n: torch.tensor([0] + list(np.cumsum(n)), dtype=torch.int32, device="cuda")
+    q = randn(sum(lq), 4, d, dtype=dtype)
+    k, v = randn(sum(lk), 2, d, dtype=dtype), randn(sum(lk), 2, d, dtype=dtype)
+    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), max(lq), max(lk),
+                                                   causal=True, return_attn_probs=True)
+    oq, ok = np.cumsum([0] + lq), np.cumsum([0] + lk)
+    for b in range(len(lq)):
+        qs, ks = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
+        ref, ref_lse = attend(q[qs], k[ks], v[ks], causal=True)
+        naive, _ = attend(q[qs], k[ks], v[ks], causal=True, lowp=dtype)
+        assert_close(out[qs], ref, naive, dtype, f"varlen out of sequence {b}")
+        assert_lse(lse[:, qs], ref_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", ANY_HEAD_DIMS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_any_head_dim_kvcache_paged(dtype, d, num_splits):
+    require_serving_instance(dtype, d)
+    torch.manual_seed(8)
+    b, h, hk, max_sk, page_size = 3, 8, 2, 300, 16
+    k_cache, v_cache, table = paged_cache(b, max_sk, page_size, hk, d, dtype)
+    seqlens = torch.tensor([299, 0, 117], dtype=torch.int32, device="cuda")
+    q = randn(b, 1, h, d, dtype=dtype)
+    k_new, v_new = randn(b, 1, hk, d, dtype=dtype), randn(b, 1, hk, d, dtype=dtype)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table,
+        causal=True, num_splits=num_splits, return_softmax_lse=True)
+    for bb in range(b):  # the new key/value were written into the caller's cache
+        n = int(seqlens[bb])
+        assert torch.equal(gather(k_cache, table, bb, n + 1)[n], k_new[bb, 0])
+        assert torch.equal(gather(v_cache, table, bb, n + 1)[n], v_new[bb, 0])
+    ref, ref_lse = kvcache_ref(q, k_cache, v_cache, table, seqlens + 1, causal=True)
+    naive, _ = kvcache_ref(q, k_cache, v_cache, table, seqlens + 1, causal=True, lowp=dtype)
+    assert_close(out, ref, naive, dtype)
+    assert_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("d", ANY_HEAD_DIMS)
+@pytest.mark.parametrize("paged", [False, True])
+def test_any_head_dim_kvcache_rotary_matches_cpu(d, paged):
+    """Append with GPT-NeoX rotary (rotary_dim <= d), cache_leftpad, cache_batch_idx (contiguous)
+    or a block table (paged): the CUDA call against the CPU backend on copies of the inputs (the
+    CPU backend is checked against the float64 oracle by test_cpu.py)."""
+    dtype = torch.bfloat16
+    require_serving_instance(dtype, d)
+    torch.manual_seed(9)
+    b, sq, h, hk, max_sk = 3, 2, 6, 3, 200
+    if paged:
+        k_cache, v_cache, table = paged_cache(b, max_sk, 16, hk, d, dtype)
+        extra = dict(block_table=table)
+    else:
+        k_cache, v_cache = randn(b + 2, max_sk, hk, d, dtype=dtype), randn(b + 2, max_sk, hk, d, dtype=dtype)
+        extra = dict(cache_batch_idx=torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda"))
+    extra["cache_leftpad"] = torch.tensor([3, 0, 1], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor([198, 5, 77], dtype=torch.int32, device="cuda")
+    rotary_dim = d // 2 * 2
+    if rotary_dim:
+        positions = 256  # >= every cache position (paged: 13 pages of 16)
+        angles = torch.rand(positions, rotary_dim // 2, device="cuda", dtype=torch.float64) * 6.3
+        extra.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
+                     rotary_interleaved=False)
+    q = randn(b, sq, h, d, dtype=dtype)
+    k_new, v_new = randn(b, sq, hk, d, dtype=dtype), randn(b, sq, hk, d, dtype=dtype)
+    kc_cpu, vc_cpu = k_cache.cpu(), v_cache.cpu()
+    cpu_extra = {name: (x.cpu() if torch.is_tensor(x) else x) for name, x in extra.items()}
+    out, lse = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                 cache_seqlens=seqlens, causal=True,
+                                                 return_softmax_lse=True, **extra)
+    out_cpu, lse_cpu = flashattn.flash_attn_with_kvcache(
+        q.cpu(), kc_cpu, vc_cpu, k_new.cpu(), v_new.cpu(), cache_seqlens=seqlens.cpu(),
+        causal=True, return_softmax_lse=True, **cpu_extra)
+    torch.testing.assert_close(v_cache.cpu(), vc_cpu, rtol=0, atol=0)
+    torch.testing.assert_close(k_cache.cpu(), kc_cpu, rtol=2 ** -7, atol=0)  # a bf16 ulp
+    assert (out.cpu().double() - out_cpu.double()).abs().max().item() <= 2 * FLOOR[dtype]
+    assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(lse_cpu))
+    fin = torch.isfinite(lse_cpu)
+    assert (lse.cpu()[fin] - lse_cpu[fin]).abs().max().item() <= LSE_ATOL
+
+
+def test_last_dim_not_contiguous():
+    """torch inputs whose last dimension is strided are copied (as flash_attn does)."""
+    require_instance(torch.float16, 64)
+    torch.manual_seed(10)
+    base = randn(3, 2, 33, 4, 64, 2, dtype=torch.float16)
+    q, k, v = base[0, ..., 0], base[1, ..., 1], base[2, ..., 0]
+    assert q.stride(-1) == 2
+    out = flashattn.flash_attn_func(q, k, v, causal=True)
+    expect = flashattn.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(out, expect)
 
 
 # ---- other CUDA frameworks ---------------------------------------------------------------------
