@@ -339,26 +339,36 @@ KV_BAD = ["seqlens_int32_max", "seqlens_negative", "seqlens_past_capacity", "seq
 def kvcache_cases(draw):
     s = _sizes(draw)
     dt, hk, d = s["dtype"], s["hk"], s["d"]
-    b = draw(st.integers(0, 3))
-    sq = draw(st.sampled_from([0, 1, 1, 2, 3, 7, 16]))
-    s_new = draw(st.sampled_from([0, 0, 1, 2, 4]))
-    paged = draw(st.booleans())
+    # The bad value first: the few that need a particular call (two sequences appending, ...)
+    # get one, so that every kind of bad value is drawn in a run of a few hundred examples.
+    bad = draw(st.sampled_from([None] * 4 + KV_BAD))
+    two_appending = bad in ("dup_batch_idx", "pages_shared_by_appends")
+    q_past_table = bad == "rotary_q_past_table"
+    b = draw(st.integers(2 if two_appending else (1 if q_past_table else 0), 3))
+    s_new = draw(st.sampled_from([1, 2, 4] if two_appending else [0, 0, 1, 2, 4]))
+    sq = draw(st.integers(s_new + 1, 16) if q_past_table else st.sampled_from([0, 1, 1, 2, 3, 7, 16]))
+    paged = {"dup_batch_idx": False, "pages_shared_by_appends": True}.get(bad, draw(st.booleans()))
     page = draw(st.sampled_from([1, 3, 8, 16])) if paged else 0
     capacity = draw(st.integers(max(s_new, 1), 48))
+    if paged:
+        capacity = -(-capacity // page) * page
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     seqlens = rng.integers(0, capacity - s_new + 1, b).astype(np.int32)
+    if q_past_table:
+        seqlens[0] = capacity - s_new  # causal q rows at capacity - s_new + i, i < sq
     o = draw(_common(b, s["h"], s["d"]))
+    if q_past_table:
+        o["causal"] = True
     kw = dict(q=_randn(rng, (b, sq, s["h"], d), dt), causal=o["causal"],
               window_size=o["window_size"], softcap=o["softcap"],
               softmax_scale=o["softmax_scale"], alibi_slopes=_alibi(rng, o["alibi"], b, s["h"]),
               num_splits=draw(st.sampled_from([0, 0, 1, 2, 3, 5])), return_softmax_lse=True)
-    same_lengths = b > 0 and draw(st.integers(0, 4)) == 0  # cache_seqlens as a Python int
+    same_lengths = b > 0 and not q_past_table and draw(st.integers(0, 4)) == 0  # an int
     if same_lengths:
         seqlens[:] = seqlens[0]
     kw["cache_seqlens"] = int(seqlens[0]) if same_lengths else seqlens
     if paged:
-        columns = -(-capacity // page)
-        capacity = columns * page
+        columns = capacity // page
         in_use = [-(-(int(n) + s_new) // page) for n in seqlens]
         num_pages = b * columns + draw(st.integers(0, 2))
         order = rng.permutation(num_pages)
@@ -379,13 +389,12 @@ def kvcache_cases(draw):
         kw["v"] = _randn(rng, (b, s_new, hk, d), dt)
     if b > 0 and draw(st.booleans()):
         kw["cache_leftpad"] = np.array([rng.integers(0, n + 1) for n in seqlens], np.int32)
-    rotary = draw(st.booleans())
+    rotary = q_past_table or draw(st.booleans())
     if rotary:
         half = draw(st.integers(1, d // 2))
         kw["rotary_cos"] = _randn(rng, (capacity + sq, half), dt)
         kw["rotary_sin"] = _randn(rng, (capacity + sq, half), dt)
         kw["rotary_interleaved"] = draw(st.booleans())
-    bad = draw(st.sampled_from([None] * 4 + KV_BAD))
     aliases, must_fail = [], True
     per_row = o["causal"] or o["window_size"] != (-1, -1)
     if bad == "seqlens_int32_max" and b > 0 and not same_lengths:
