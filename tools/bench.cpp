@@ -150,6 +150,7 @@ Row run_point(const Point& point, const ExecConfig& config) {
   Row row;
   row.point = point;
   try {
+    check_problem_size(point.spec);
     const HostProblem problem = make_problem(point.spec);
     row.counts = count_work(problem);
     row.ms = median(execute(problem, config, false).times_ms);
@@ -157,6 +158,8 @@ Row run_point(const Point& point, const ExecConfig& config) {
     row.error = e.what();
   } catch (const std::bad_alloc&) {
     row.error = "out of host memory";
+  } catch (const UsageError& e) {
+    row.error = e.what();
   }
   return row;
 }
