@@ -4,7 +4,8 @@ Random shapes and options (causal, window, softcap, ALiBi, GQA, varlen, KV cache
 append, rotary), some with one bad value, go through flashattn's calls. Each call must either
 
 * return what the float64 oracle (reference.py) computes, within the suite's pass rule (and, for
-  a KV cache, leave the cache as the oracle's appends do), or
+  a KV cache, leave the cache as the oracle's appends do) -- which a call without a bad value
+  must do (so that over-strict validation fails too) --, or
 * raise ValueError / TypeError whose message starts with an argument name, with every array of
   the call left as it was;
 
@@ -64,6 +65,30 @@ def _apply_aliases(kwargs, aliases):
             kwargs[dst] = kwargs[src].reshape(-1)[:math.prod(shape)].reshape(shape)
 
 
+def _restride(a, layout):
+    """The same values in another memory layout (made in the calling process, as aliases are):
+    "pad": rows padded (row stride > head dim); "transpose": the two dims before the last stored
+    swapped; "reverse": dim 0 stored backwards (a negative stride)."""
+    if layout == "pad":
+        buf = np.full(a.shape[:-1] + (a.shape[-1] + 8,), np.nan, a.dtype)
+        buf[..., :a.shape[-1]] = a
+        return buf[..., :a.shape[-1]]
+    if layout == "transpose":
+        return np.ascontiguousarray(a.swapaxes(-3, -2)).swapaxes(-3, -2)
+    if layout == "reverse":
+        return a[::-1].copy()[::-1]
+    return a
+
+
+def _pack(kwargs, first, second):
+    """first and second as the two interleaved halves of one buffer (..., 2, heads, d), as a
+    packed K/V cache or an output slot next to q: legal, since no element is shared."""
+    a, b = kwargs[first], kwargs[second]
+    buf = np.empty(a.shape[:-2] + (2,) + a.shape[-2:], a.dtype)
+    buf[..., 0, :, :], buf[..., 1, :, :] = a, b
+    kwargs[first], kwargs[second] = buf[..., 0, :, :], buf[..., 1, :, :]
+
+
 def _arrays(kwargs):
     return {name: a for name, a in kwargs.items() if isinstance(a, np.ndarray)}
 
@@ -75,6 +100,10 @@ def _run_call(case):
         os.kill(os.getpid(), signal.SIGSEGV)
     flashattn.set_num_threads(case["threads"])
     kwargs = dict(case["kwargs"])
+    for name, layout in case["layouts"].items():
+        kwargs[name] = _restride(kwargs[name], layout)
+    for first, second in case["packs"]:
+        _pack(kwargs, first, second)
     _apply_aliases(kwargs, case["aliases"])
     before = {name: a.copy() for name, a in _arrays(kwargs).items()}
     result, error = None, None
@@ -173,13 +202,38 @@ def _sizes(draw):
                 dtype=draw(st.sampled_from(["float16", "float32"])))
 
 
-def _case(fn, kwargs, oracle, bad=None, must_fail=False, aliases=(), threads=0):
-    """A call and how to judge it. out is NaN-poisoned, so that an unwritten row shows."""
+LAYOUTS = ["contiguous"] * 3 + ["pad", "transpose", "reverse"]
+
+
+PACKABLE = [("k", "v"), ("q", "out"), ("k_cache", "v_cache")]
+
+
+def _case(fn, kwargs, oracle, bad=None, must_fail=False, aliases=(), threads=0, layouts=None,
+          packs=()):
+    """A call and how to judge it. out is NaN-poisoned, so that an unwritten row shows.
+    layouts: {argument: layout} (_restride); packs: pairs stored interleaved in one buffer
+    (_pack); neither where arguments alias."""
     q = kwargs.get("q")
     if "out" not in kwargs and isinstance(q, np.ndarray):
         kwargs["out"] = np.full_like(q, np.nan)
+    arrays = _arrays(kwargs)
+    packs = [(a, b) for a, b in packs if not aliases and a in arrays and b in arrays
+             and arrays[a].ndim >= 3 and arrays[a].shape == arrays[b].shape
+             and arrays[a].dtype == arrays[b].dtype]
+    packed = {name for pair in packs for name in pair}
+    layouts = {name: layout for name, layout in (layouts or {}).items()
+               if layout != "contiguous" and name in arrays and name not in packed
+               and arrays[name].ndim >= 3 and not aliases}
     return dict(fn=fn, kwargs=kwargs, oracle=oracle, bad=bad, must_fail=must_fail,
-                aliases=list(aliases), threads=threads)
+                aliases=list(aliases), threads=threads, layouts=layouts, packs=packs)
+
+
+def _layouts(draw, names):
+    return {name: draw(st.sampled_from(LAYOUTS)) for name in names}
+
+
+def _packs(draw):
+    return [pair for pair in PACKABLE if draw(st.integers(0, 2)) == 0]
 
 
 # ---- dense ------------------------------------------------------------------------------------
@@ -233,7 +287,8 @@ def dense_cases(draw):
         kw["k"] = None
     elif bad == "alibi_int":
         kw["alibi_slopes"] = np.ones((s["h"],), np.int32)
-    return _case("flash_attn_func", kw, "dense", bad, must_fail, aliases, threads)
+    return _case("flash_attn_func", kw, "dense", bad, must_fail, aliases, threads,
+                 _layouts(draw, ["q", "k", "v", "out"]), _packs(draw))
 
 
 # ---- varlen -----------------------------------------------------------------------------------
@@ -324,7 +379,8 @@ def varlen_cases(draw):
     else:
         bad, must_fail = None, False
     return _case("flash_attn_varlen_func", kw, "varlen", bad, must_fail, aliases,
-                 draw(st.sampled_from([0, 1, 3])))
+                 draw(st.sampled_from([0, 1, 3])), _layouts(draw, ["q", "k", "v", "out"]),
+                 _packs(draw))
 
 
 # ---- kv cache -----------------------------------------------------------------------------------
@@ -454,7 +510,8 @@ def kvcache_cases(draw):
     else:
         bad, must_fail = None, False
     return _case("flash_attn_with_kvcache", kw, "kvcache", bad, must_fail, aliases,
-                 draw(st.sampled_from([0, 1, 3])))
+                 draw(st.sampled_from([0, 1, 3])),
+                 _layouts(draw, ["q", "k_cache", "v_cache", "k", "v", "out"]), _packs(draw))
 
 
 # =================================================================================================
@@ -499,7 +556,8 @@ def _oracle(case, lowp):
 
 def _describe(case):
     kw = case["kwargs"]
-    parts = [case["fn"], f"bad={case['bad']}", f"threads={case['threads']}"]
+    parts = [case["fn"], f"bad={case['bad']}", f"threads={case['threads']}",
+             f"layouts={case['layouts']}", f"packs={case['packs']}"]
     for name, x in kw.items():
         if isinstance(x, np.ndarray):
             parts.append(f"{name}={x.dtype}{x.shape}" + (f"={x.tolist()}" if x.dtype == np.int32 and x.size <= 12 else ""))
@@ -514,6 +572,8 @@ def check_case(worker, case):
     outcome = "refused" if report.get("error") else "ran"
     hypothesis.event(f"{case['bad'] or 'valid'}: {outcome}")
     assert "crash" not in report, f"crash: {report['crash']}\n{what}"
+    if case["bad"] is None:
+        assert report["error"] is None, f"a valid call was refused: {report['error']}\n{what}"
     if report["error"] is not None:
         kind, message = report["error"]
         assert kind in ("ValueError", "TypeError"), f"{kind}: {message}\n{what}"
