@@ -306,9 +306,8 @@ def allocate_workspace(plan, like):
     """A 256-byte aligned uint8 buffer of plan.workspace_bytes (or an int) on like's device,
     allocated by like's framework (for JAX: the helper framework, since JAX arrays are
     immutable)."""
-    nbytes = int(plan.workspace_bytes if isinstance(plan, KVCachePlan) else plan)
-    if nbytes < 0:
-        raise ValueError(f"workspace bytes must be >= 0, got {nbytes}")
+    nbytes = _int(plan.workspace_bytes if isinstance(plan, KVCachePlan) else plan, "plan",
+                  0, 2**62, "workspace bytes")
     ctx = Context(like)
     raw = ctx.empty((nbytes + WORKSPACE_ALIGNMENT,), "uint8")
     offset = -_C.data_ptr(raw) % WORKSPACE_ALIGNMENT

@@ -121,6 +121,15 @@ def test_kvcache_ints_are_named(cache, kw, name):
     raises_named(ValueError, name, lambda: flashattn.plan_kvcache(**args), *arrays)
 
 
+def test_allocate_workspace_size_is_named(dense):
+    with pytest.raises(ValueError, match="^plan:"):
+        flashattn.allocate_workspace(2**70, like=dense[0])
+    with pytest.raises(ValueError, match="^plan:"):
+        flashattn.allocate_workspace(-1, like=dense[0])
+    with pytest.raises(TypeError, match="^plan:"):
+        flashattn.allocate_workspace("big", like=dense[0])
+
+
 def test_set_num_threads_is_named():
     with pytest.raises(ValueError, match="^num_threads:"):
         flashattn.set_num_threads(2**40)
