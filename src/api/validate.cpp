@@ -25,6 +25,10 @@ constexpr int64_t kMaxIndex = INT32_MAX;
 // batch x seqlen_q x heads x head_dim at most this: the split-KV scratch (up to kMaxSplits fp32
 // copies of the output, plus one LSE per row) then has a byte size that fits 64 bits.
 constexpr int64_t kMaxOutputElements = int64_t(1) << 53;
+// A view's bytes, from its lowest to its highest element, at most this many (so that element
+// offsets, int64 in the backends, cannot overflow), and below the end of a 64-bit address space.
+constexpr __int128 kMaxSpanBytes = __int128(1) << 62;
+constexpr __int128 kAddressSpaceEnd = __int128(1) << 64;
 
 namespace {
 
@@ -50,6 +54,18 @@ void require_defined(const Tensor& t, const char* name) {
   if (t.data == nullptr && has_elements(t)) fail(name, "has no data pointer", "nullptr");
 }
 
+// The bytes from the view's lowest to its highest element lie in a 64-bit address space and
+// number less than 2^62, so that no element offset (int64 in the backends) overflows.
+void require_addressable(const Tensor& t, const char* name) {
+  const ByteSpan span = byte_span(t);
+  if (span.last - span.first >= kMaxSpanBytes || span.first < 0 || span.last >= kAddressSpaceEnd) {
+    std::string strides;
+    for (int i = 0; i < t.ndim; ++i) strides += (i ? ", " : "") + str(t.stride[i]);
+    fail(name, "must lie within the address space, spanning less than 2^62 bytes (element offsets are int64)",
+         "strides (" + strides + ") over " + shape_string(t));
+  }
+}
+
 void require_ndim(const Tensor& t, const char* name, int ndim, const char* layout) {
   if (t.ndim != ndim) {
     fail(name, std::string("must have ") + str(ndim) + " dims " + layout,
@@ -63,6 +79,7 @@ void require_ndim(const Tensor& t, const char* name, int ndim, const char* layou
       fail(name, "must have sizes below 2^31 (the kernels index them with int32)", shape_string(t));
     }
   }
+  require_addressable(t, name);
 }
 
 void require_dtype(const Tensor& t, const char* name, DType dtype) {
@@ -136,6 +153,7 @@ void check_like_q(const Tensor& t, const char* name, const Tensor& q) {
   }
   require_same_device(t, name, q);
   require_last_dim_contiguous(t, name);
+  require_addressable(t, name);
 }
 
 // Any stride and head dim are served on cuda (src/api/staging.h copies what the kernels cannot
@@ -198,6 +216,7 @@ void check_options(const AttentionOptions& o, const Tensor& q, const Problem& p,
       fail("alibi_slopes", "must have shape (heads) or (batch, heads)", shape_string(a));
     }
     require_last_dim_contiguous(a, "alibi_slopes");
+    require_addressable(a, "alibi_slopes");
   }
   if (o.softmax_lse.defined()) {
     const Tensor& l = o.softmax_lse;

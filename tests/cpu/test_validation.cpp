@@ -237,6 +237,8 @@ std::vector<Rule> forward_rules() {
          d.q.shape[2] = d.out.shape[2] = 16;
          d.k.shape[2] = d.v.shape[2] = 16;
        }},
+      {"StridesSpanBeyond2To62Bytes", "k", kInvalid, [](DenseSetup& d) { d.k.stride[0] = d.v.stride[0] = int64_t(1) << 62; }},
+      {"NegativeStrideBelowAddressZero", "v", kInvalid, [](DenseSetup& d) { d.v.stride[1] = -(int64_t(1) << 50); }},
       // outputs that share memory with an input or with themselves
       {"OutIsQ", "out", kInvalid, [](DenseSetup& d) { d.out = d.q; }},
       {"OutOverlapsK", "out", kInvalid, [](DenseSetup& d) { d.out = t16(d.s.k, {kB, kSq, kH, kD}); }},
