@@ -3,7 +3,8 @@
 // Public C++ API. Every entry point validates all of its arguments before it touches any
 // output; a failed check throws flashattn::Error whose message names the argument, the rule
 // and the value seen. Semantics follow FlashAttention-2 (see README.md, "Semantics").
-// Sizes (and sums such as seqlen_q + seqlen_k) must stay below 2^31. A tensor the call writes
+// Sizes (and sums such as seqlen_q + seqlen_k) must stay below 2^31, and a view's bytes within
+// the address space and below 2^62 from its lowest to its highest element. A tensor the call writes
 // (out, softmax_lse, k_cache/v_cache when appending, the workspace) must not share memory with
 // another argument or with itself. Values inside index tensors are checked when they are in
 // host memory; in device memory they are not read on the host (no synchronisation).
