@@ -167,6 +167,15 @@ def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  rotary_interleaved: bool, num_splits: int, return_lse: bool,
                  workspace: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q, v_cache, _dense_shapes, return_lse)
+    if workspace is None and q.is_cuda and torch.cuda.is_current_stream_capturing():
+        # Captured into a CUDA graph (mode="reduce-overhead"): the scratch comes from torch's
+        # allocator, i.e. from the graph's memory pool, sized by the planner.
+        _, _, nbytes = _C.plan_kvcache(
+            _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
+            _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
+            _x(alibi_slopes), softmax_scale, causal, window_left, window_right, softcap,
+            rotary_interleaved, num_splits)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
     _run_kvcache(q, k_cache, v_cache, out, lse if return_lse else None, k, v, rotary_cos,
                  rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                  alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,
