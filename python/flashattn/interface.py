@@ -14,6 +14,9 @@ Same function names, argument names, defaults and return conventions as ``flash_
   takes ``seqused_k=`` and ``leftpad_k=``.
 * A row that sees no key has output 0 and LSE -inf (flash_attn writes +inf).
 
+torch tensors go through flashattn._torch_ops (torch custom ops, for torch.compile and CUDA
+graphs); other frameworks through flashattn._frameworks.
+
 Errors of the C++ library keep their message: ValueError (invalid argument), TypeError (dtype
 or tensor type), NotImplementedError (valid but not supported by this build), RuntimeError
 (backend failure).
