@@ -4,7 +4,8 @@ built from a config (no download): prefill logits of a padded batch (left and ri
 greedy generate(), a padding-free packed batch, and sliding window + softcap (Gemma-2 shaped).
 CPU in float32; CUDA in bfloat16 (marker gpu, skipped without CUDA).
 
-Skipped where torch or transformers (with AttentionInterface) is missing.
+Skipped where torch or transformers (with AttentionInterface) is missing. Tested with
+transformers 5.17 and 5.24.
 """
 import copy
 
@@ -14,9 +15,9 @@ import flashattn
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-if not hasattr(transformers, "AttentionInterface"):
-    pytest.skip(f"transformers {transformers.__version__} has no AttentionInterface",
-                allow_module_level=True)
+if not all(hasattr(transformers, name) for name in ("AttentionInterface", "AttentionMaskInterface")):
+    pytest.skip(f"transformers {transformers.__version__} has no AttentionInterface / "
+                "AttentionMaskInterface", allow_module_level=True)
 from flashattn.integrations import transformers as fa_hf  # noqa: E402  registers "flashattn"
 
 B, S, NEW_TOKENS = 3, 9, 6
