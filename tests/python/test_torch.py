@@ -61,6 +61,8 @@ class Attend(torch.nn.Module):
         super().__init__()
         self.register_buffer("k_cache", k_cache.clone())
         self.register_buffer("v_cache", v_cache.clone())
+        for cache in (self.k_cache, self.v_cache):  # as transformers' StaticCache does
+            torch._dynamo.mark_static_address(cache)
 
     def forward(self, q, k, v, q_packed, k_packed, v_packed, cu_seqlens, k_new, v_new,
                 cache_seqlens):
