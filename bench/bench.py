@@ -67,8 +67,8 @@ def warm_up_gpu(seconds=1.0):
 
 def warm_up_timing():
     """Throwaway timed decode calls, ours and SDPA's: the first do_bench of a process measured
-    our call at 2x its later time (session 3, runs 13-16), and the first SDPA FLASH_ATTENTION
-    decode timing 1.5-1.8x (session 4, runs 9-10)."""
+    our call at 2x its later time (docs/DECISIONS.md D-42), and the first SDPA FLASH_ATTENTION
+    decode timing 1.5-1.8x (docs/DECISIONS.md D-42)."""
     q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
@@ -140,7 +140,7 @@ def best_of_rounds(timed, rounds):
     """The lowest of `rounds` medians (ms) of each timing in `timed` (name -> a function that
     returns one median), the timings taking turns round by round. A small decode call
     (~10-20 us) can be host-bound in one timing (the GPU waits for the Python call after
-    do_bench's flush: batch-1 points measured 1.3-1.5x slower in some runs, docs/PERF.md);
+    do_bench's flush: batch-1 points measured 1.3-1.5x slower in some runs, docs/DECISIONS.md D-43);
     taking turns and keeping each call's best median treats every implementation alike."""
     medians = {name: [] for name in timed}
     for _ in range(rounds):
@@ -194,7 +194,7 @@ def measure_decode_point(b, ctx, page, rounds, check):
 def bench_decode(args):
     """The table measured --passes times over, each point's calls keeping their best median of
     all passes: a host or GPU disturbance of a second or so (it has doubled every timing of one
-    point, docs/PERF.md session 19) then costs one pass of a point, not its row."""
+    point, docs/DECISIONS.md D-44) then costs one pass of a point, not its row."""
     points = decode_points(args)
     best, errs = {}, {}
     steps = args.passes * len(points)

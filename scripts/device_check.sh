@@ -1,38 +1,41 @@
 #!/usr/bin/env bash
-# The one GPU job. Here (no GPU): `bash scripts/device_check.sh --prepare` builds the gpu-h200
-# preset and stages what the GPU machine needs in .carry/ (install prefix + GPU test binary).
+# The one GPU job.
+# Here (no GPU): `bash scripts/device_check.sh --prepare` stages in .carry/ what the GPU machine
+# cannot download: the CUTLASS/CuTe headers (from the nvidia-cutlass wheel) and GoogleTest.
 # There (device tool, carry [".carry"]): `bash scripts/device_check.sh STAGE...`, stages in order:
-#   pyext     build the nanobind extension against the carried library (needed by bench/pytest)
-#   test      the GPU sweep (tests/gpu, every compiled instance) in one process
+#   build     the gpu-h200 preset (library, CLI, GPU tests; about 2 minutes on 16 cores), installed
+#             into .carry/prefix
+#   pyext     build the nanobind extension against that library (needed by bench/pytest)
+#   test      the GPU sweeps (tests/gpu): automatic choice, then every kernel forced (KernelOverride)
+#   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check),
+#             automatic and with FLASHATTN_KERNEL forcing each decode kernel
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn)
-#   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check)
-#   overhead  host time against GPU time of small decode calls (bench/decode_overhead.py)
+#   overhead  host time against GPU time of small decode calls (bench/probes/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
-#             timed as the benchmark times them (bench/l2_state.py --read-floor; not default)
-#   probe     bench/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
+#             timed as the benchmark times them (bench/probes/l2_state.py --read-floor; not default)
+#   probe     bench/probes/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
 #   dram      Nsight Compute's DRAM bytes and time of each decode call at the 128k-token points,
-#             after the benchmark's dirty flush and after a clean one (bench/decode_ncu.py; not default)
-# Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: all stages.
+#             after the benchmark's dirty flush and after a clean one (bench/probes/decode_ncu.py; not default)
+# Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: build test sanitize.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-out}"
 PRESET="${PRESET:-gpu-h200}"
 CARRY=.carry
 if [ "${1:-}" = "--prepare" ]; then
   set -e
-  cmake --preset "$PRESET" >/dev/null
-  cmake --build --preset "$PRESET" -j "${JOBS:-2}"
-  rm -rf "$CARRY" && mkdir -p "$CARRY"
-  cmake --install "build/$PRESET" --prefix "$CARRY/prefix" >/dev/null
-  cp "build/$PRESET/tests/flashattn_tests_gpu" "$CARRY/"
-  nvcc -O3 -arch=sm_90a -std=c++17 -o "$CARRY/stream_probe" bench/stream_probe.cu
-  strip "$CARRY/flashattn_tests_gpu" "$CARRY/prefix/bin/flashattn" 2>/dev/null || true
+  rm -rf "$CARRY" && mkdir -p "$CARRY/gtest/include" "$CARRY/gtest/lib/x86_64-linux-gnu/cmake"
+  cutlass="$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")"
+  cp -r "$cutlass" "$CARRY/cutlass"
+  cp -r /usr/include/gtest /usr/include/gmock "$CARRY/gtest/include/"
+  cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$CARRY/gtest/lib/x86_64-linux-gnu/"
+  cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$CARRY/gtest/lib/x86_64-linux-gnu/cmake/"
   du -sh "$CARRY"
   exit 0
 fi
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(pyext test bench sanitize pytest)
+[ ${#stages[@]} -eq 0 ] && stages=(build test sanitize)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 PREFIX="$PWD/$CARRY/prefix"
@@ -41,32 +44,31 @@ export LD_LIBRARY_PATH="$PREFIX/lib:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="/tmp/fa-ext/site:${PYTHONPATH:-}"
 status=0
 
-# The sweep runs twice on Hopper: with the wgmma kernel, the deep decode pipeline, the split
-# combine inside clusters and one CTA per decode unit (default at the sweep's sizes), then on the
-# mma.sync kernels, the default decode pipeline, the combine kernel alone, the heads-split
-# decode kernel for every call it serves, the persistent decode grid for every other call it
-# serves and the decode kernels launched without the programmatic dependence
-# (FLASHATTN_NO_WGMMA=1, FLASHATTN_NO_DEEP_DECODE=1, FLASHATTN_NO_CLUSTER_COMBINE=1,
-# FLASHATTN_SPLIT_HEADS=always, FLASHATTN_PERSISTENT_DECODE=always, FLASHATTN_NO_PDL=1), so that
-# every path is tested on the one GPU we have.
-stage_test() {
-  local rc=0
-  "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
-  rc=${PIPESTATUS[0]}
-  local second="FLASHATTN_NO_WGMMA=1 FLASHATTN_NO_DEEP_DECODE=1 FLASHATTN_NO_CLUSTER_COMBINE=1 FLASHATTN_SPLIT_HEADS=always FLASHATTN_PERSISTENT_DECODE=always FLASHATTN_NO_PDL=1"
-  echo "== $second" | tee -a "$OUT/tests-gpu.log"
-  env $second "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee -a "$OUT/tests-gpu.log" | tail -n 15
-  [ "${PIPESTATUS[0]}" -eq 0 ] && [ "$rc" -eq 0 ]
+stage_build() {
+  local build="build/$PRESET"
+  cmake --preset "$PRESET" -DFLASHATTN_CUTLASS_INCLUDE="$PWD/$CARRY/cutlass" \
+    -DCMAKE_PREFIX_PATH="$PWD/$CARRY/gtest" >"$OUT/build.log" 2>&1 &&
+    cmake --build --preset "$PRESET" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; return 1; }
+  grep -E "spill" "$OUT/build.log" | sort -u | head -n 20
+  cmake --install "$build" --prefix "$CARRY/prefix" >/dev/null && cp "$build/tests/flashattn_tests_gpu" "$CARRY/"
 }
 
-# Host overhead against GPU time of small decode calls (bench/decode_overhead.py).
+# The sweeps run once with the automatic kernel choice and once per kernel, every call forced
+# onto it where it serves the call (tests/gpu/instantiate_gpu.cpp), so every path is tested on
+# the one GPU we have.
+stage_test() {
+  "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
+  return "${PIPESTATUS[0]}"
+}
+
+# Host overhead against GPU time of small decode calls (bench/probes/decode_overhead.py).
 stage_overhead() {
   local args
   for args in "--batch 1 --context 1024" "--batch 1 --context 4096" "--batch 1 --context 4096 --page-size 16" \
               "--batch 8 --context 1024" "--batch 1 --context 65536"; do
-    python3 bench/decode_overhead.py $args 2>&1 | tail -n 1
+    python3 bench/probes/decode_overhead.py $args 2>&1 | tail -n 1
   done
-  python3 bench/decode_overhead.py --batch 1 --context 1024 --profile >"$OUT/overhead-profile.log" 2>&1
+  python3 bench/probes/decode_overhead.py --batch 1 --context 1024 --profile >"$OUT/overhead-profile.log" 2>&1
   grep -E "tottime|us$|interface|_frameworks|built-in" "$OUT/overhead-profile.log" | head -n 20
 }
 
@@ -106,11 +108,20 @@ stage_sanitize() {
     "--kvcache --batch 33 --seqlen-q 3 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 3 --rotary interleaved"
     "--kvcache --batch 34 --seqlen-q 2 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 2 --rotary interleaved"
   )
+  local kernel
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do
       echo "== $tool: $c" >>"$log"
       compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
       tail -n 2 "$log"
+    done
+    # every decode kernel and mma prefill, forced, on a decode and a prefill case each
+    for kernel in mma splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
+      for c in "${cases[3]}" "${cases[7]}" "${cases[0]}"; do
+        echo "== $tool FLASHATTN_KERNEL=$kernel: $c" >>"$log"
+        FLASHATTN_KERNEL=$kernel compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda \
+          --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
+      done
     done
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
@@ -118,7 +129,7 @@ stage_sanitize() {
 }
 
 stage_floor() {
-  python3 bench/l2_state.py --points 32x4096 --flushes dirty --read-floor --rounds 2 2>&1 | tee "$OUT/floor.log" | tail -n 5
+  python3 bench/probes/l2_state.py --points 32x4096 --flushes dirty --read-floor --rounds 2 2>&1 | tee "$OUT/floor.log" | tail -n 5
   return "${PIPESTATUS[0]}"
 }
 
@@ -133,9 +144,9 @@ stage_dram() {
   for flush in dirty clean; do
     ncu --profile-from-start off --cache-control none --clock-control none --csv --print-units base \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      python3 bench/decode_ncu.py --flash --flush "$flush" $points >"$OUT/dram-$flush.csv" 2>>"$OUT/dram.err" || rc=1
+      python3 bench/probes/decode_ncu.py --flash --flush "$flush" $points >"$OUT/dram-$flush.csv" 2>>"$OUT/dram.err" || rc=1
     echo "== $flush flush"
-    python3 bench/decode_ncu.py --flash --summarize "$OUT/dram-$flush.csv" $points | tee -a "$OUT/dram.log"
+    python3 bench/probes/decode_ncu.py --flash --summarize "$OUT/dram-$flush.csv" $points | tee -a "$OUT/dram.log"
   done
   return $rc
 }

@@ -72,6 +72,44 @@ std::string describe(const Tensor& t);  // "bf16 cuda:0 (2, 128, 8, 64) strides 
 // Options shared by every forward call
 // ---------------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------------
+// Kernels. Planning chooses the kernel of a call (Plan::kernel, docs/ARCHITECTURE.md has the
+// table); tests and timing can force one through AttentionOptions::kernel_override or the
+// environment variable FLASHATTN_KERNEL (read once; see kernel_override_from_env).
+// ---------------------------------------------------------------------------------------------
+
+enum class Kernel {
+  automatic,   // (override only) the library's choice
+  cpu,         // the CPU backend
+  mma,         // CUDA prefill, mma.sync (sm_80 and newer; split-KV prefill)
+  wgmma,       // CUDA prefill, warpgroup MMAs (sm_90)
+  splitkeys,   // CUDA decode: the four warps split each K/V tile's keys
+  deep,        // CUDA decode: splitkeys on the deep K/V pipeline (sm_90, few units)
+  dims,        // CUDA decode: the warps split the head dim (short split walks)
+  persistent,  // CUDA decode: splitkeys on a persistent grid
+  heads,       // CUDA decode: each warp computes one KV head whole
+};
+const char* kernel_name(Kernel kernel);  // "wgmma", ...; "automatic"
+
+enum class WgmmaTile { automatic, wide, narrow, narrow96 };
+enum class TileOrder { automatic, per_unit, heavy_first };
+
+// For tests and timing. A forced kernel runs every call it serves; a call it does not serve
+// (a decode kernel for prefill, a kernel not compiled for the head dim, ...) takes the
+// automatic choice. Results never depend on the override beyond rounding.
+struct KernelOverride {
+  Kernel kernel = Kernel::automatic;
+  WgmmaTile wgmma_tile = WgmmaTile::automatic;  // where that tile is compiled for the head dim
+  TileOrder tile_order = TileOrder::automatic;  // order of the prefill query tiles
+  bool cluster_combine = true;       // false: split decode merges in the combine kernel
+  bool programmatic_launch = true;   // false: no programmatic dependent launches (sm_90)
+};
+
+// FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first]
+// [,combine=kernel][,pdl=off], read once per process; unset or empty: the default override.
+// Throws Error(invalid_argument) naming the variable for a value it cannot parse.
+const KernelOverride& kernel_override_from_env();
+
 struct AttentionOptions {
   // Multiplies q·k before softmax. Unset: 1/sqrt(head_dim).
   std::optional<float> softmax_scale;
@@ -92,6 +130,8 @@ struct AttentionOptions {
   void* stream = nullptr;
   // CPU backend threads; 0 = all hardware threads.
   int num_threads = 0;
+  // Forces a kernel (tests, timing); unset: kernel_override_from_env().
+  std::optional<KernelOverride> kernel_override;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -151,12 +191,14 @@ struct KVCacheArgs {
 constexpr int kMaxSplits = 128;
 constexpr int kMaxHeadDim = 256;  // head dims 1..kMaxHeadDim are served
 
-// What a forward_kvcache call will do. Pure host function of the shapes and options.
+// What a forward_kvcache call will do: a host function of the shapes, the options and the
+// device's properties.
 struct Plan {
   int num_splits = 1;          // split-KV count used (1 = no combine step)
   bool pack_gqa = false;       // query heads sharing a KV head are packed into one tile
   size_t workspace_bytes = 0;  // scratch the call needs (split partials, rotated q)
-  bool deep_decode = false;    // CUDA sm_90: the decode kernel with the deep K/V pipeline
+  bool deep_decode = false;    // CUDA sm_90: the decode kernel runs the deep K/V pipeline
+  Kernel kernel = Kernel::cpu;  // the kernel that runs the call (kernel_name(plan.kernel))
 };
 
 Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

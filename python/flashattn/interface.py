@@ -43,7 +43,7 @@ __all__ = [
     "get_num_threads",
 ]
 
-KVCachePlan = namedtuple("KVCachePlan", ["num_splits", "pack_gqa", "workspace_bytes"])
+KVCachePlan = namedtuple("KVCachePlan", ["num_splits", "pack_gqa", "workspace_bytes", "kernel"])
 KVCachePlan.__doc__ = "What a flash_attn_with_kvcache call will do (see plan_kvcache)."
 
 _num_threads = 0
@@ -269,18 +269,19 @@ def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_si
                  rotary_interleaved=True, alibi_slopes=None, num_splits=0):
     """What flash_attn_with_kvcache will do with these arguments (a host-side function of the
     shapes and options; it reads no tensor data): KVCachePlan(num_splits, pack_gqa,
-    workspace_bytes). Allocate the workspace once with allocate_workspace(plan, like=q) and pass
+    workspace_bytes, kernel), kernel being the name of the kernel that will run the call
+    ("cpu", "splitkeys", "dims", ...; docs/ARCHITECTURE.md). Allocate the workspace once with allocate_workspace(plan, like=q) and pass
     it as workspace= so that the call allocates nothing (needed in CUDA graph capture)."""
     left, right = _window(window_size)
     b = _shape(q, "q", (4,))[0]
     ctx = Context(q)
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
-    num_splits, pack_gqa, workspace_bytes = _C.plan_kvcache(
+    num_splits, pack_gqa, workspace_bytes, kernel = _C.plan_kvcache(
         _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
         _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
         _x(alibi_slopes), _scale(softmax_scale), bool(causal), left, right, float(softcap),
         bool(rotary_interleaved), int(num_splits))
-    return KVCachePlan(num_splits, pack_gqa, workspace_bytes)
+    return KVCachePlan(num_splits, pack_gqa, workspace_bytes, kernel)
 
 
 def allocate_workspace(plan, like):

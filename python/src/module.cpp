@@ -263,7 +263,7 @@ struct KVCacheCall {
   }
 };
 
-std::tuple<int, bool, size_t> plan_kvcache(
+std::tuple<int, bool, size_t, std::string> plan_kvcache(
     nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k, nb::handle v,
     nb::handle rotary_cos, nb::handle rotary_sin, nb::handle cache_seqlens,
     nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
@@ -277,7 +277,7 @@ std::tuple<int, bool, size_t> plan_kvcache(
   flashattn::Plan plan =
       flashattn::plan_kvcache(call.q.tensor, call.k_cache.tensor, call.v_cache.tensor,
                               call.args, options);
-  return {plan.num_splits, plan.pack_gqa, plan.workspace_bytes};
+  return {plan.num_splits, plan.pack_gqa, plan.workspace_bytes, flashattn::kernel_name(plan.kernel)};
 }
 
 // The workspace: a contiguous writable buffer of any dtype on q's device.

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 
+#include "api/kernel_choice.h"
 #include "common/params.h"
 
 namespace flashattn {
@@ -19,14 +20,26 @@ void run_append(const AppendParams& params);
 
 namespace cuda {
 bool available();                 // compiled in and a device is visible
-int num_sms(int device_index);    // multiprocessors of the device (for planning)
-// SMs when the device runs the deep decode pipeline for this dtype and head dim (sm_90 code
-// compiled, compute capability 9.x, the serving instance's head dim <= 128,
-// FLASHATTN_NO_DEEP_DECODE unset), else 0 (for planning).
-int deep_decode_sms(int device_index, DType dtype, int head_dim);
 bool supports(DType dtype, int head_dim);  // an instance is compiled for this case
-void run_attention(const AttnParams& params, void* stream);
-void run_append(const AppendParams& params, void* stream);
+
+// CTAs of an instance's decode kernels resident at once on a device (0: not compiled for it).
+struct DecodeSlots {
+  int64_t splitkeys = 0;   // the keys-split kernel on the standard pipeline
+  int64_t persistent = 0;  // the persistent grid's kernel
+  int64_t heads = 0;       // the heads-split kernel (contiguous K/V only)
+};
+// What the kernel choice needs of a device (api/plan.cpp device_facts), cached per device.
+struct DeviceProperties {
+  int sms = 0;
+  bool sm90 = false;          // compute capability 9.0, and the sm_90a kernels compiled in
+  int served_head_dim = 0;    // the smallest compiled instance >= head_dim (0: none)
+  int64_t splitkeys_slots = 0, persistent_slots = 0, heads_slots = 0;  // of that instance, for the layout
+};
+DeviceProperties device_properties(int device_index, DType dtype, int head_dim, bool paged);
+
+// Runs the chosen kernel (api/kernel_choice.h) of the instance serving params.head_dim.
+void run_attention(const AttnParams& params, const KernelChoice& choice, void* stream);
+void run_append(const AppendParams& params, bool programmatic_launch, void* stream);
 // Scratch for a call that was not given a workspace: the stream's cached buffer (grown when a
 // call needs more), held by this call until release_scratch so that no other host thread's
 // call on the stream can grow it meanwhile; while the stream is being captured into a CUDA

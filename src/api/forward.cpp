@@ -110,18 +110,18 @@ void set_paging(AttnParams& a, const Tensor& block_table, int page_size) {
 bool nothing_to_do(const Problem& p) { return p.batch == 0 || p.seqlen_q == 0; }
 
 // Splits (with the scratch they need) and GQA packing, then the backend.
-void run_attention(const Problem& p, AttnParams& a, const Plan& plan, const Scratch& scratch,
+void run_attention(const Problem& p, AttnParams& a, const KernelChoice& choice, const Scratch& scratch,
                    void* stream) {
-  a.pack_gqa = plan.pack_gqa;
-  a.num_splits = plan.num_splits;
-  a.deep_decode = plan.deep_decode;
-  if (plan.num_splits > 1) {
-    const Workspace w = workspace_layout(p, plan.num_splits);
+  a.pack_gqa = choice.pack_gqa;
+  a.num_splits = choice.num_splits;
+  a.deep_decode = choice.deep_pipeline;
+  if (choice.num_splits > 1) {
+    const Workspace w = workspace_layout(p, choice.num_splits);
     a.o_accum = reinterpret_cast<float*>(scratch.at(w.o_accum_offset));
     a.lse_accum = reinterpret_cast<float*>(scratch.at(w.lse_accum_offset));
   }
   if (p.device == Device::cuda) {
-    cuda::run_attention(a, stream);
+    cuda::run_attention(a, choice, stream);
   } else {
     cpu::run_attention(a);
   }
@@ -129,9 +129,9 @@ void run_attention(const Problem& p, AttnParams& a, const Plan& plan, const Scra
 
 void run_planned(const Problem& p, AttnParams& a, const AttentionOptions& o) {
   if (nothing_to_do(p)) return;
-  const Plan plan = make_plan(p, 0, processors_of(p, o.num_threads), deep_decode_sms_of(p));
+  const CallPlan plan = make_plan(p, o, 0);
   Scratch scratch(p, plan.workspace_bytes, nullptr, o.stream);
-  run_attention(p, a, plan, scratch, o.stream);
+  run_attention(p, a, plan.choice, scratch, o.stream);
 }
 
 // ---- kv cache: append ------------------------------------------------------------------------
@@ -206,14 +206,14 @@ Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                   const KVCacheArgs& args, const AttentionOptions& options) {
   // Validation needs an output; q stands in for it (same shape, dtype and device).
   const Problem p = validate_kvcache(q, k_cache, v_cache, q, args, options);
-  return make_plan(p, args.num_splits, processors_of(p, options.num_threads), deep_decode_sms_of(p));
+  return make_plan(p, options, args.num_splits).summary();
 }
 
 void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const KVCacheArgs& args,
                      const AttentionOptions& options) {
   const Problem p = validate_kvcache(q, k_cache, v_cache, out, args, options);
-  const Plan plan = make_plan(p, args.num_splits, processors_of(p, options.num_threads), deep_decode_sms_of(p));
+  const CallPlan plan = make_plan(p, options, args.num_splits);
   validate_workspace(args, plan.workspace_bytes);
   if (p.batch == 0) return;
   Scratch scratch(p, plan.workspace_bytes, args.workspace, options.stream);
@@ -223,12 +223,12 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   if (p.seqlen_new > 0 || p.rotary_dim > 0) {
     AppendParams ap = make_append_params(p, q, k_cache, v_cache, args, options);
     if (p.rotary_dim > 0) {
-      ap.q_rot = scratch.at(workspace_layout(p, plan.num_splits).q_rot_offset);
+      ap.q_rot = scratch.at(workspace_layout(p, plan.choice.num_splits).q_rot_offset);
       q_used = Tensor::contiguous(ap.q_rot, q.dtype, {q.shape[0], q.shape[1], q.shape[2], q.shape[3]},
                                   q.device, q.device_index);
     }
     if (p.device == Device::cuda) {
-      cuda::run_append(ap, options.stream);
+      cuda::run_append(ap, plan.choice.programmatic_launch, options.stream);
     } else {
       cpu::run_append(ap);
     }
@@ -242,7 +242,7 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   a.leftpad_k = ints(args.cache_leftpad);
   a.cache_batch_idx = ints(args.cache_batch_idx);
   set_paging(a, args.block_table, p.page_size);
-  run_attention(p, a, plan, scratch, options.stream);
+  run_attention(p, a, plan.choice, scratch, options.stream);
 }
 
 }  // namespace flashattn

@@ -72,15 +72,15 @@ struct AttnParams {
   int num_splits = 1;     // > 1: write partials to o_accum / lse_accum, then combine
   float* o_accum = nullptr;    // (num_splits, b, h, seqlen_q, head_dim) fp32
   float* lse_accum = nullptr;  // (num_splits, b, h, seqlen_q) fp32
-  bool deep_decode = false;    // CUDA decode tile: the deep-pipeline kernel (make_plan)
+  bool deep_decode = false;    // CUDA decode tile: the deep-pipeline kernel (api/kernel_choice.cpp)
   // CUDA: the grid holds query tiles in z and (batch, head) units in x, so that CTAs start in
   // order of query tile, heaviest (last, under a causal mask) first across all units; set by
-  // the launcher (launch_fwd).
+  // the launcher (launch_tile_grid).
   bool heavy_tiles_first = false;
   // CUDA decode tile, 2..kMaxClusterSplits splits on sm_90: the splits of a unit run as one
   // thread-block cluster and merge their partials through distributed shared memory, with no
   // o_accum / lse_accum and no combine kernel (splitkeys_kernel.h combine_in_cluster); set by
-  // the launcher (launch_fwd).
+  // the launcher (launch_tile_grid).
   bool cluster_combine = false;
 
   // ---- CPU only ----------------------------------------------------------------------------

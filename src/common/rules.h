@@ -1,4 +1,8 @@
-// The semantics of attention, written once, for host and device.
+// The semantics of attention, written once, for host and device: sequence geometry and
+// addressing, masks and visible keys, the score function, GQA, the query tiles and split-KV
+// boundaries both backends share, the combine's layout and rotary. The online-softmax state and
+// the LSE conventions are common/softmax_state.h; the tuning of the CUDA kernels (which kernel,
+// which tile, measured on an H200) is common/tuning.h.
 //
 // Both backends call these; the float64 test oracle (tests/reference) does not: it re-states
 // the rules plainly so that a mistake here cannot hide in both the kernel and its check.
@@ -48,7 +52,7 @@ template <class Read>
 FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read) {
   SeqInfo s;
   // cu_seqlens_q[b] is read again for the length rather than reused: reusing it rescheduled the
-  // whole d = 256 wgmma kernel, 2-3% slower (docs/PERF.md session 19 runs 7-8).
+  // whole d = 256 wgmma kernel, 2-3% slower (docs/DECISIONS.md D-10).
   s.q_row_offset = p.cu_seqlens_q ? read(p.cu_seqlens_q, b) : 0;
   s.seqlen_q = p.cu_seqlens_q ? packed_length(p.cu_seqlens_q, b, read) : p.seqlen_q;
   s.leftpad = p.leftpad_k ? read(p.leftpad_k, b) : 0;
@@ -180,150 +184,9 @@ FA_HD int query_tile_rows(const AttnParams& p) {
 // ---- split-KV ----------------------------------------------------------------------------
 
 // Rows of one K/V tile of the split-KV walk, shared by both backends so that they split at
-// the same keys. Chosen for the CUDA split-KV kernel; see docs/PERF.md.
+// the same keys. Chosen for the CUDA split-KV kernel (docs/DECISIONS.md D-33).
 // A power of two (the CUDA kernel cuts splits with shifts).
 FA_HD constexpr int splitkv_block_n(int head_dim) { return head_dim <= 32 ? 128 : 64; }  // = CUDA kBlockN (kernel_traits.h)
-
-// CUDA sm_90, d = 64 prefill: the 96-key wgmma tile unless it pads the keys by over 5% more
-// than the 64-key tile does (512 keys: 576 against 512, measured 3% slower; 1024 keys and up:
-// 4-12% faster; docs/PERF.md, session 3 run 5).
-inline bool keys_suit_96_key_tile(int seqlen_k) {
-  const int64_t padded96 = (int64_t(seqlen_k) + 95) / 96 * 96;
-  const int64_t padded64 = (int64_t(seqlen_k) + 63) / 64 * 64;
-  return padded96 * 100 <= padded64 * 105;
-}
-
-// CUDA: query tiles start heaviest first across all (batch, head) units (AttnParams::
-// heavy_tiles_first; grid z = query tiles) rather than unit by unit, where a tile's walk grows
-// with its rows (a causal mask, or a right window without a left one): the longest walks then
-// start first and the short ones fill the tail. Measured (docs/PERF.md, session 4 runs 1-2):
-// causal +3-10% at s = 512-8192 for d = 128 and 256, within noise at d = 64; without a mask
-// the unit-by-unit order is kept (heavy first lost 5-11% at s = 512-1024 there: each unit's
-// concurrent tiles share its K/V in L2).
-inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles) {
-  const bool walk_grows_with_rows = window_right >= 0 && window_left < 0;
-  return walk_grows_with_rows && query_tiles > 1;
-}
-
-// CUDA: the warps of a split decode tile split the head dim instead of the keys (kernel_traits.h
-// SplitKeysTileConfig::kWarpsSplitDims) where each split walks at most this many key tiles:
-// the merge it saves is a large share of a short walk, while the 4x Q K^T work it costs shows
-// on long ones. Measured (docs/PERF.md, session 5 runs 4-5), against cuDNN's time: batch 1 x 1k
-// (1 tile per split) 0.90 -> 0.97, 1 x 4k (4 tiles) 0.99 -> 1.06, 8 x 1k (4 tiles, default
-// pipeline) 0.93 -> 0.98; 1 x 16k (16 tiles) 0.96 -> 0.91, so it keeps the keys split.
-// Tiles are counted as make_plan counts them, in splitkv_block_n(head_dim)-key units.
-constexpr int kSplitDimsMaxTiles = 4;
-
-// CUDA, sm_90: split decode calls with at most this many splits merge them inside a
-// thread-block cluster (AttnParams::cluster_combine) where the device can hold such a cluster
-// of the kernel (cuda/launch.h cluster_fits). Larger clusters measured slower than the combine
-// kernel: they constrain where CTAs may run (docs/PERF.md, session 8 run 3: 16 splits at 1 x 16k
-// 49 against 33 us, 6 splits at 8 x 16k 181 against 142; session 16 run 1, with load-balanced
-// placement: 16 splits at 1 x 1k 12.8-13.2 against 10.9-11.9 us, at 1 x 16k 48.8-49.6 against
-// 33.0-33.1).
-constexpr int kMaxClusterSplits = 4;
-inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) {
-  if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
-  const int unit = splitkv_block_n(head_dim);
-  const int64_t key_tiles = seqlen_k > 0 ? (int64_t(seqlen_k) + unit - 1) / unit : 1;
-  const int64_t tiles_per_split = (key_tiles + num_splits - 1) / num_splits;
-  return tiles_per_split <= kSplitDimsMaxTiles;
-}
-
-// CUDA: the CTAs of an unsplit decode-tile call on a persistent grid (cuda/persistent_decode_kernel.h:
-// each CTA walks several units with one K/V pipeline through them), or 0 for the default
-// kernel's grid of one CTA per unit. default_slots and persistent_slots: the CTAs of each kernel
-// resident at once. The default grid runs in waves of default_slots CTAs; the persistent grid
-// has persistent_slots CTAs (fewer, with more stages each) taking units in turn, in rounds.
-// automatic: the persistent grid where the default needs more than one wave and the persistent
-// grid's rounds are fuller than the default's waves by at least kPersistentDecodeMinFillGain
-// (contiguous K/V) or kPersistentDecodeMinFillGainPaged. Measured (docs/PERF.md session 12, H200
-// d = 128, 396 default and 264 persistent slots): batch 50-64 x 1k-4k, fills 0.51-0.65 ->
-// 0.76-0.97, 2-10% faster, contiguous and page 16; batch 128, 0.86 -> 0.97: contiguous 5.5%
-// faster on one kind of H200 (where the default grid runs 7-8% behind cuDNN) and within 1.4%
-// either way on the other, page 16 4.5-6.8% slower on the other kind; batch 96, 0.97 -> 0.97,
-// 1.5% slower.
-// always (FLASHATTN_PERSISTENT_DECODE=always, for the tests): about three units per CTA
-// whatever the grid, at most persistent_slots CTAs.
-enum class PersistentDecode { automatic, off, always };
-constexpr double kPersistentDecodeMinFillGain = 0.1;
-constexpr double kPersistentDecodeMinFillGainPaged = 0.2;
-// Where the persistent grid's last round would be at most this full, its units are spread over
-// fewer CTAs so that every round is full (measured, docs/PERF.md session 13 run 14: batch 50 x
-// 1k, 400 units, 264 -> 200 CTAs, 3.5% faster; 1,024 and 512 units, last rounds 0.88 and 0.94
-// full, 264 -> 256 CTAs: level to 0.7% slower).
-constexpr double kPersistentDecodeBalanceBelow = 0.75;
-// The share of slots x waves (or rounds) that units fill.
-inline double wave_fill(int64_t units, int64_t slots) {
-  const int64_t waves = (units + slots - 1) / slots;
-  return double(units) / double(waves * slots);
-}
-inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int64_t persistent_slots,
-                                      PersistentDecode mode, bool paged) {
-  if (mode == PersistentDecode::off || units <= 0 || default_slots <= 0 || persistent_slots <= 0) return 0;
-  if (mode == PersistentDecode::always) {
-    const int64_t ctas = (units + 2) / 3;
-    return ctas < persistent_slots ? ctas : persistent_slots;
-  }
-  if (units <= default_slots) return 0;  // one wave: every unit runs at once either way
-  const double min_gain = paged ? kPersistentDecodeMinFillGainPaged : kPersistentDecodeMinFillGain;
-  const bool fuller = wave_fill(units, persistent_slots) >= wave_fill(units, default_slots) + min_gain;
-  if (!fuller) return 0;
-  // A last round at most kPersistentDecodeBalanceBelow full: as many rounds over as few CTAs as
-  // take the units in them, every CTA walking the same number of units within one.
-  const int64_t rounds = (units + persistent_slots - 1) / persistent_slots;
-  const int64_t last_round = units - (rounds - 1) * persistent_slots;
-  if (double(last_round) > kPersistentDecodeBalanceBelow * double(persistent_slots)) {
-    return units < persistent_slots ? units : persistent_slots;
-  }
-  return (units + rounds - 1) / rounds;
-}
-
-// CUDA: whether an unsplit decode-tile call whose units (batch x heads, or x KV heads with
-// pack_gqa) each have their own KV head runs on the heads-split kernel (cuda/splitheads_kernel.h:
-// a CTA of four units computes them side by side, one per warp, and ends with no merge) rather
-// than the keys-split ones (a CTA per unit, or several in turn on the persistent grid, each unit
-// ending in the warps' merge). ctas: units / 4; default_slots and heads_slots: the CTAs of the
-// default keys-split kernel and of the heads-split kernel resident at once; sms: the device's.
-// automatic: where the default grid needs more than one wave and the heads-split grid is one
-// wave that lies evenly on the SMs: one layer of at most one CTA per SM, or CTAs filling at least
-// kSplitHeadsMinLayerFill of as many such layers as they take. Measured (docs/PERF.md, session 18
-// runs 1-5; H200, d = 128, 396 default and 264 heads-split slots, 132 SMs), against the kernel the
-// rule took before (the persistent grid, or the default at batch 96): one layer, batch 50 x 1k
-// (100 CTAs, fill 0.76) 4.5% faster, 56 x 1k (0.85) 6%, 58 x 1k (0.88) 2.7%, 60 x 1k (0.91) 2.0%,
-// 64 x 1k (0.97) 1.5%, 64 x 4k 0.4%; two layers, batch 116 x 1k (232 CTAs, 0.88) 2.2%, 120 x 1k
-// (0.91) 2.6%, 128 x 1k (0.97) 1.7%, 128 x 4k 1.4%, 128 x 16k 1.6%, but 96 x 1k (192 CTAs, 0.73:
-// 60 SMs hold two, 72 one) 6.5% slower. The threshold sits about where a straight line through
-// the two-layer results crosses zero. Beyond one wave it is not taken: batch 256 x 1k (two waves,
-// the last 248 of 264) measured 0.6% faster, 256 x 4k 0.5% slower, 192 x 1k (a last wave of 120)
-// 6.4% slower.
-// always (FLASHATTN_SPLIT_HEADS=always, for the tests): every call it serves.
-enum class SplitHeads { automatic, off, always };
-constexpr double kSplitHeadsMinLayerFill = 0.84;
-inline bool decode_warps_split_heads(int64_t units, int64_t ctas, int64_t default_slots, int64_t heads_slots,
-                                     int64_t sms, SplitHeads mode) {
-  if (mode == SplitHeads::off || ctas <= 0 || heads_slots <= 0) return false;
-  if (mode == SplitHeads::always) return true;
-  if (units <= default_slots || ctas > heads_slots || sms <= 0) return false;
-  const int64_t layers = (ctas + sms - 1) / sms;
-  return layers == 1 || double(ctas) >= kSplitHeadsMinLayerFill * double(layers * sms);
-}
-
-// CUDA: the persistent decode grid of `ctas` CTAs (of `slots` resident at once) launches in
-// clusters of kPersistentDecodeClusterCtas consecutive CTAs (so consecutive units: KV heads of
-// one sequence) where the grid takes every slot and they tile it. Placement only: the CTAs share
-// nothing. Measured against the plain grid (docs/PERF.md, session 15 runs 8-9): batch 128 x 1k
-// 1.0-2.0 us faster, 128 x 4k 1%, 64 x 1k level; a grid of fewer CTAs than slots (50 x 1k: 200 of
-// 264) lost 1.5% in clusters, so such grids launch plainly (presumably a cluster's CTAs packed
-// onto one SM leave others idle; not measured).
-constexpr int kPersistentDecodeClusterCtas = 2;
-inline bool persistent_decode_in_clusters(int64_t ctas, int64_t slots) {
-  return ctas > 0 && ctas == slots && ctas % kPersistentDecodeClusterCtas == 0;
-}
-
-// CUDA: the deep decode pipeline (kernel_traits.h SplitKeysTileConfig) is compiled for the head
-// dim instances up to this one (its five K/V stages fit sm_90's shared memory there).
-constexpr int kDeepDecodeMaxHeadDim = 128;
 
 // The key tiles [tile_lo, tile_hi) that a query tile must visit (from its visible key range)
 // are cut into num_splits nearly equal runs; split `split` owns run number `split` (possibly
@@ -359,11 +222,6 @@ FA_HD int64_t lse_offset(const AttnParams& p, const SeqInfo& s, int b, int i, in
   return b * p.lse_batch_stride + head * p.lse_head_stride + s.q_row_offset + i;
 }
 
-// Running merge of partial results: (m, l) are the max logit and sum of exp(logit - m).
-// lse of a partial = m + log(l); an empty partial has lse = -inf.
-FA_HD float lse_from_ml(float m, float l) {
-  return (l > 0.0f) ? m + logf(l) : -INFINITY;
-}
 
 // ---- rotary ------------------------------------------------------------------------------
 

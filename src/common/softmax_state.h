@@ -55,37 +55,44 @@ struct SoftmaxRowState {
     return SoftmaxResult{0.0f, -INFINITY};
   }
 
-  // The weight of this partial state's O (already normalised by its own sum, or not) in the
-  // merged state `merged`: exp2((max - merged.max) * scale_log2), 0 for an empty part.
+  // This state's sum rescaled to another max (>= max): 0 for a state that has seen no key.
+  FA_SOFTMAX_HD float sum_at(float to_max, float scale_log2) const {
+    return max == -INFINITY ? 0.0f : sum * exp2f((max - to_max) * scale_log2);
+  }
+
+  // The weight of this part's O in the merge `merged` of the parts, normalised by the merged
+  // sum: exp2((max - merged.max) * scale_log2) / merged.sum, or 0 for an empty part or merge.
+  // Unnormalised O of the parts: O = sum of weight * O_part; with each part's O normalised by
+  // its own sum, weigh by sum * weight (state_of_lse does this for LSE-form parts).
   FA_SOFTMAX_HD float weight_in(const SoftmaxRowState& merged, float scale_log2) const {
     if (max == -INFINITY || merged.sum <= 0.0f) return 0.0f;
-    return exp2f((max - merged.max) * scale_log2);
+    return exp2f((max - merged.max) * scale_log2) / merged.sum;
   }
 };
 
 // The merge of kParts states of one row (warps of a CTA, splits of a unit): the max over the
-// parts, then the sum of each part's sum rescaled to it; parts with no key add nothing.
-// part(i) returns part i's state. A part's O then enters with weight_in(merged) (and the
-// merged O is divided by merged.sum where the parts' O were unnormalised).
+// parts, then the sum of each part's sum rescaled to it (parts with no key add nothing). part(i)
+// returns part i's state; a part's O then enters with weight_in(merged).
 template <int kParts, class Part>
 FA_SOFTMAX_HD SoftmaxRowState merge_states(Part part, float scale_log2) {
   SoftmaxRowState merged = SoftmaxRowState::empty();
 #pragma unroll
   for (int i = 0; i < kParts; ++i) merged.max = fmaxf(merged.max, part(i).max);
 #pragma unroll
-  for (int i = 0; i < kParts; ++i) {
-    const SoftmaxRowState s = part(i);
-    if (s.max != -INFINITY) merged.sum += s.sum * exp2f((s.max - merged.max) * scale_log2);
-  }
+  for (int i = 0; i < kParts; ++i) merged.sum += part(i).sum_at(merged.max, scale_log2);
   return merged;
 }
 
 // A finished partial result (a split's O normalised by its own sum, and its LSE) as a state in
-// natural-log units (scale_log2 = log2(e)): max = lse, sum = 1; an empty part (lse = -inf) has
-// sum 0. The split combines merge these: the merged finish(1) gives the row's LSE, and each
-// part's O enters with weight exp(lse_s - lse) = weight_in(merged) / merged.sum.
+// natural-log units (scale_log2 = kLog2eSoftmax): max = lse, sum = 1, or empty for lse = -inf.
+// The split combines merge these: the merged state's finish(1).lse is the row's LSE, and each
+// split's O enters with split_weight(lse_s, lse) = exp(lse_s - lse) (= weight_in(merged)).
 FA_SOFTMAX_HD SoftmaxRowState state_of_lse(float lse) {
   return SoftmaxRowState{lse, lse == -INFINITY ? 0.0f : 1.0f};
 }
+FA_SOFTMAX_HD float split_weight(float split_lse, float lse) {
+  return split_lse == -INFINITY || lse == -INFINITY ? 0.0f : expf(split_lse - lse);
+}
+constexpr float kLog2eSoftmax = 1.4426950408889634f;  // log2(e): the scale_log2 of LSE-form states
 
 }  // namespace flashattn

@@ -12,6 +12,7 @@
 
 #include "api/backend.h"
 #include "common/rules.h"
+#include "common/softmax_state.h"
 #include "cpu/parallel.h"
 #include "cpu/storage.h"
 
@@ -275,9 +276,9 @@ void store(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     float* o_row = &ws.o[size_t(r) * t.d_pad];
-    const float inv_l = ws.l[r] > 0.0f ? 1.0f / ws.l[r] : 0.0f;
-    for (int c = 0; c < t.d; ++c) o_row[c] *= inv_l;
-    const float lse = lse_from_ml(ws.m[r], ws.l[r]);
+    const SoftmaxResult finished = SoftmaxRowState{ws.m[r], ws.l[r]}.finish(1.0f);  // m in logits
+    for (int c = 0; c < t.d; ++c) o_row[c] *= finished.out_scale;
+    const float lse = finished.lse;
     if (p.num_splits > 1) {
       const int64_t acc = accum_row(p, w.split, w.b, row.head, row.query);
       std::copy(o_row, o_row + t.d, p.o_accum + acc * t.d);

@@ -164,7 +164,7 @@ bool fits_vector(const AppendParams& p, int vec, int element_bytes) {
 }
 
 template <typename Element, int kVec>
-void launch_append(const AppendParams& p, cudaStream_t stream) {
+void launch_append(const AppendParams& p, bool programmatic, cudaStream_t stream) {
   const int64_t chunks = p.head_dim / kVec;
   const int64_t kv_items = int64_t(p.batch) * p.seqlen_new * p.num_heads_k * chunks;
   const int64_t q_items = p.rotary_dim > 0 ? int64_t(p.batch) * p.seqlen_q * p.num_heads * chunks : 0;
@@ -177,27 +177,27 @@ void launch_append(const AppendParams& p, cudaStream_t stream) {
   // v_new, q or the lengths): its blocks become resident as that grid drains and wait first.
   const auto kernel = &append_kernel<Element, kVec>;
   KernelLaunch launch(grid, kThreads, 0, stream);
-  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index);
+  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index, programmatic);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, p), "cudaLaunchKernelEx(append_kernel)");
   check_launch("append_kernel");
 }
 
 template <typename Element>
-void dispatch_vector(const AppendParams& p, cudaStream_t stream) {
+void dispatch_vector(const AppendParams& p, bool programmatic, cudaStream_t stream) {
   constexpr int kBytes = sizeof(Element);
-  if (fits_vector(p, 8, kBytes)) return launch_append<Element, 8>(p, stream);  // 16-byte accesses
-  if (fits_vector(p, 4, kBytes)) return launch_append<Element, 4>(p, stream);
-  if (fits_vector(p, 2, kBytes)) return launch_append<Element, 2>(p, stream);
-  launch_append<Element, 1>(p, stream);
+  if (fits_vector(p, 8, kBytes)) return launch_append<Element, 8>(p, programmatic, stream);  // 16-byte accesses
+  if (fits_vector(p, 4, kBytes)) return launch_append<Element, 4>(p, programmatic, stream);
+  if (fits_vector(p, 2, kBytes)) return launch_append<Element, 2>(p, programmatic, stream);
+  launch_append<Element, 1>(p, programmatic, stream);
 }
 
 }  // namespace
 
-void run_append_kernel(const AppendParams& params, cudaStream_t stream) {
+void run_append_kernel(const AppendParams& params, bool programmatic, cudaStream_t stream) {
   if (params.seqlen_new == 0 && params.rotary_dim == 0) return;
   switch (params.dtype) {
-    case DType::bf16: dispatch_vector<cutlass::bfloat16_t>(params, stream); break;
-    case DType::f16: dispatch_vector<cutlass::half_t>(params, stream); break;
+    case DType::bf16: dispatch_vector<cutlass::bfloat16_t>(params, programmatic, stream); break;
+    case DType::f16: dispatch_vector<cutlass::half_t>(params, programmatic, stream); break;
     default:
       throw Error(Error::Kind::unsupported, "CUDA append: cache dtype must be fp16 or bf16");
   }

@@ -2,7 +2,6 @@
 // compiled (dtype, head dim) instance, and the launch sequence attention -> combine.
 #include <cutlass/numeric_types.h>
 
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,19 +76,32 @@ int smallest_head_dim(int head_dim) {
   }
 }
 
-// Launches run_fwd<Element, kHeadDim> for the smallest fitting compiled kHeadDim.
+// Runs run_fwd<Element, kHeadDim> for the smallest fitting compiled kHeadDim; false if none.
 template <typename Element, int D, int... Rest>
-bool launch_fwd(const AttnParams& params, cudaStream_t stream) {
+bool run_for_head_dim(const AttnParams& params, const KernelChoice& choice, cudaStream_t stream) {
   if constexpr (kCompiled<Element, D>) {
     if (params.head_dim <= D) {
-      run_fwd<Element, D>(params, stream);
+      run_fwd<Element, D>(params, choice, stream);
       return true;
     }
   }
   if constexpr (sizeof...(Rest) > 0) {
-    return launch_fwd<Element, Rest...>(params, stream);
+    return run_for_head_dim<Element, Rest...>(params, choice, stream);
   } else {
     return false;
+  }
+}
+
+// decode_slots<Element, kHeadDim> of the smallest fitting compiled kHeadDim (none: zeros).
+template <typename Element, int D, int... Rest>
+DecodeSlots slots_for_head_dim(int device_index, int head_dim, bool paged) {
+  if constexpr (kCompiled<Element, D>) {
+    if (head_dim <= D) return decode_slots<Element, D>(device_index, paged);
+  }
+  if constexpr (sizeof...(Rest) > 0) {
+    return slots_for_head_dim<Element, Rest...>(device_index, head_dim, paged);
+  } else {
+    return DecodeSlots{};
   }
 }
 
@@ -179,39 +191,9 @@ const DeviceInfo& device_info(int device_index) {
   });
 }
 
-bool env_is(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::string(set) == value;
-}
-
 }  // namespace
 
-int num_sms(int device_index) { return device_info(device_index).sms; }
-
-bool device_has_wgmma(int device_index) {
-  static const bool disabled = env_is("FLASHATTN_NO_WGMMA", "1");
-  const DeviceInfo& info = device_info(device_index);
-  return info.cc_major == 9 && info.cc_minor == 0 && !disabled;
-}
-
-bool may_combine_splits_in_cluster(const AttnParams& params) {
-#if defined(FLASHATTN_HAS_SM90A)
-  static const bool disabled = env_is("FLASHATTN_NO_CLUSTER_COMBINE", "1");
-  if (disabled || params.num_splits < 2 || params.num_splits > kMaxClusterSplits ||
-      query_tile_rows(params) != kQueryTileRowsDecode) {
-    return false;  // the common cases answered before the device lookup
-  }
-  const DeviceInfo& info = device_info(params.device_index);
-  return info.cc_major == 9 && info.cc_minor == 0;
-#else
-  (void)params;
-  return false;
-#endif
-}
-
 bool may_launch_as_programmatic_dependent(const void* kernel, int device_index) {
-  static const bool disabled = env_is("FLASHATTN_NO_PDL", "1");
-  if (disabled) return false;
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, bool> cache;
   return cached(cache, mutex, std::make_pair(kernel, device_index), [&] {
@@ -254,60 +236,39 @@ int resident_ctas(const void* kernel, int device_index, int threads, int smem_by
   });
 }
 
-PersistentDecode persistent_decode_env() {
-  static const PersistentDecode forced = env_is("FLASHATTN_PERSISTENT_DECODE", "off")      ? PersistentDecode::off
-                                         : env_is("FLASHATTN_PERSISTENT_DECODE", "always") ? PersistentDecode::always
-                                                                                            : PersistentDecode::automatic;
-  return forced;
-}
-
-SplitHeads split_heads_env() {
-  static const SplitHeads forced = env_is("FLASHATTN_SPLIT_HEADS", "off")      ? SplitHeads::off
-                                   : env_is("FLASHATTN_SPLIT_HEADS", "always") ? SplitHeads::always
-                                                                               : SplitHeads::automatic;
-  return forced;
-}
-
-int deep_decode_sms(int device_index, DType dtype, int head_dim) {
-#if defined(FLASHATTN_HAS_SM90A)
-  static const bool disabled = env_is("FLASHATTN_NO_DEEP_DECODE", "1");
-  const int served = smallest_compiled(dtype, head_dim);  // the instance that runs this head dim
-  if (disabled || served <= 0 || served > kDeepDecodeMaxHeadDim) return 0;
+DeviceProperties device_properties(int device_index, DType dtype, int head_dim, bool paged) {
   const DeviceInfo& info = device_info(device_index);
-  return info.cc_major == 9 ? info.sms : 0;
-#else
-  (void)device_index, (void)dtype, (void)head_dim;
-  return 0;
+  DeviceProperties d;
+  d.sms = info.sms;
+#if defined(FLASHATTN_HAS_SM90A)
+  d.sm90 = info.cc_major == 9 && info.cc_minor == 0;
 #endif
-}
-
-WgmmaTileEnv wgmma_tile_env() {
-  static const WgmmaTileEnv forced = env_is("FLASHATTN_WGMMA_TILE", "wide")       ? WgmmaTileEnv::wide
-                                     : env_is("FLASHATTN_WGMMA_TILE", "narrow")   ? WgmmaTileEnv::narrow
-                                     : env_is("FLASHATTN_WGMMA_TILE", "narrow96") ? WgmmaTileEnv::narrow96
-                                                                                  : WgmmaTileEnv::automatic;
-  return forced;
-}
-
-TileOrderEnv tile_order_env() {
-  static const TileOrderEnv forced = env_is("FLASHATTN_TILE_ORDER", "heavy_first") ? TileOrderEnv::heavy_first
-                                     : env_is("FLASHATTN_TILE_ORDER", "per_unit")  ? TileOrderEnv::per_unit
-                                                                                   : TileOrderEnv::automatic;
-  return forced;
+  d.served_head_dim = smallest_compiled(dtype, head_dim);
+  DeviceGuard guard(device_index);  // the occupancy queries ask the current device
+  DecodeSlots slots;
+  if (dtype == DType::bf16) {
+    slots = slots_for_head_dim<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(device_index, head_dim, paged);
+  } else if (dtype == DType::f16) {
+    slots = slots_for_head_dim<cutlass::half_t, FLASHATTN_ALL_HEAD_DIMS>(device_index, head_dim, paged);
+  }
+  d.splitkeys_slots = slots.splitkeys;
+  d.persistent_slots = slots.persistent;
+  d.heads_slots = slots.heads;
+  return d;
 }
 
 bool supports(DType dtype, int head_dim) {
   return head_dim > 0 && smallest_compiled(dtype, head_dim) > 0;
 }
 
-void run_attention(const AttnParams& params, void* stream_handle) {
+void run_attention(const AttnParams& params, const KernelChoice& choice, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   DeviceGuard guard(params.device_index);
   bool launched = false;
   if (params.dtype == DType::bf16) {
-    launched = launch_fwd<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(params, stream);
+    launched = run_for_head_dim<cutlass::bfloat16_t, FLASHATTN_ALL_HEAD_DIMS>(params, choice, stream);
   } else if (params.dtype == DType::f16) {
-    launched = launch_fwd<cutlass::half_t, FLASHATTN_ALL_HEAD_DIMS>(params, stream);
+    launched = run_for_head_dim<cutlass::half_t, FLASHATTN_ALL_HEAD_DIMS>(params, choice, stream);
   }
   if (!launched) {
     throw Error(Error::Kind::unsupported,
@@ -318,10 +279,10 @@ void run_attention(const AttnParams& params, void* stream_handle) {
   }
 }
 
-void run_append(const AppendParams& params, void* stream_handle) {
+void run_append(const AppendParams& params, bool programmatic_launch, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   DeviceGuard guard(params.device_index);
-  run_append_kernel(params, stream);
+  run_append_kernel(params, programmatic_launch, stream);
 }
 
 namespace {
@@ -330,7 +291,7 @@ namespace {
 // is "never": freed blocks stay in the pool across stream synchronisations, so a call without a
 // caller workspace costs a pool lookup, not a fresh device allocation (the device's default
 // pool has release threshold 0: it gives memory back at synchronisations and maps it again on
-// the next call; docs/PERF.md, decode). The pools live until the process ends.
+// the next call; D-40). The pools live until the process ends.
 cudaMemPool_t scratch_pool(int device_index) {
   static std::mutex mutex;
   static std::unordered_map<int, cudaMemPool_t> pools;
@@ -390,8 +351,8 @@ void* pool_allocate(size_t bytes, cudaStream_t stream, int device_index) {
 
 }  // namespace
 
-// Measured (docs/PERF.md, session 4 run 4): an allocation and a free from the pool around each
-// split decode call cost ~0.8 us of GPU time per call.
+// An allocation and a free from the pool around each split decode call cost ~0.8 us of GPU
+// time per call (D-41).
 ScratchLease acquire_scratch(size_t bytes, void* stream_handle, int device_index) {
   ScratchLease lease;
   if (bytes == 0) return lease;

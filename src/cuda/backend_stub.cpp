@@ -15,11 +15,16 @@ namespace {
 }  // namespace
 
 bool available() { return false; }
-int num_sms(int /*device_index*/) { return 0; }
-int deep_decode_sms(int /*device_index*/, DType /*dtype*/, int /*head_dim*/) { return 0; }
 bool supports(DType /*dtype*/, int /*head_dim*/) { return false; }
-void run_attention(const AttnParams& /*params*/, void* /*stream*/) { refuse("attention"); }
-void run_append(const AppendParams& /*params*/, void* /*stream*/) { refuse("kv-cache append"); }
+DeviceProperties device_properties(int /*device_index*/, DType /*dtype*/, int /*head_dim*/, bool /*paged*/) {
+  refuse("planning for a device");
+}
+void run_attention(const AttnParams& /*params*/, const KernelChoice& /*choice*/, void* /*stream*/) {
+  refuse("attention");
+}
+void run_append(const AppendParams& /*params*/, bool /*programmatic_launch*/, void* /*stream*/) {
+  refuse("kv-cache append");
+}
 ScratchLease acquire_scratch(size_t /*bytes*/, void* /*stream*/, int /*device_index*/) {
   refuse("device allocation");
 }

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/rules.h"
+#include "common/softmax_state.h"
 #include "api/backend.h"
 #include "cuda/grid_dependence.h"
 #include "cuda/launch.h"
@@ -41,24 +42,24 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// The row's lse over its splits, computed by one warp (every lane gets it).
-__device__ __forceinline__ float row_lse(const float (&lse_lane)[kLseSlots]) {
+// The row's merged state over its splits (softmax_state.h, LSE form), computed by one warp
+// (every lane gets it): the max over the lanes' split LSEs, then the lanes' sums rescaled to it.
+__device__ __forceinline__ SoftmaxRowState merged_splits(const float (&lse_lane)[kLseSlots]) {
   float m = -INFINITY;
   #pragma unroll
   for (int j = 0; j < kLseSlots; ++j) m = fmaxf(m, lse_lane[j]);
   m = warp_max(m);
-  if (m == -INFINITY) return -INFINITY;
+  if (m == -INFINITY) return SoftmaxRowState::empty();
   float sum = 0.0f;
   #pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) sum += lse_lane[j] == -INFINITY ? 0.0f : expf(lse_lane[j] - m);
-  sum = warp_sum(sum);
-  return sum > 0.0f ? m + logf(sum) : -INFINITY;
+  for (int j = 0; j < kLseSlots; ++j) sum += state_of_lse(lse_lane[j]).sum_at(m, kLog2eSoftmax);
+  return SoftmaxRowState{m, warp_sum(sum)};
 }
 
 // The partials and their LSE are read with ld.global.cg, never __ldg: the compiler may move a
 // read-only (.nc, invariant) load above griddepcontrol.wait, and did once the wait came after the
-// row's geometry, reading partials before the attention grid had written them (session 6, run 1:
-// 44 GPU cases failed).
+// row's geometry, reading partials before the attention grid had written them
+// (docs/DECISIONS.md D-38: 44 GPU cases failed).
 template <int kVec>
 struct Chunk {
   float v[kVec];
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
   float lse = -INFINITY;
   bool have_lse = false;  // computed once, after the first loads are in flight
   auto ensure_lse = [&] {
-    if (!have_lse) lse = row_lse(lse_lane);
+    if (!have_lse) lse = merged_splits(lse_lane).finish(1.0f).lse;
     have_lse = true;
   };
   // Every lane runs the same trip counts (warp-uniform), so the shuffles see the whole warp.
@@ -127,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
       ensure_lse();
       #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        if (lse_split[u] == -INFINITY || lse == -INFINITY || !active) continue;
-        const float w = expf(lse_split[u] - lse);
+        if (lse_split[u] == -INFINITY || lse == -INFINITY || !active) continue;  // an empty split or row
+        const float w = split_weight(lse_split[u], lse);
         #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[e] += w * part[u].v[e];
       }
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
 }
 
 template <typename Element>
-void launch_combine(const AttnParams& params, cudaStream_t stream) {
+void launch_combine(const AttnParams& params, bool programmatic, cudaStream_t stream) {
   const int64_t rows = int64_t(params.batch) * params.num_heads * params.seqlen_q;
   constexpr int64_t kMaxGrid = 2147483647;  // gridDim.x limit
   if (rows == 0) return;
@@ -171,21 +172,21 @@ void launch_combine(const AttnParams& params, cudaStream_t stream) {
   // blocks wait in griddepcontrol.wait), which hides one launch latency per split decode call.
   const auto kernel = vec4 ? &combine_kernel<Element, 4> : &combine_kernel<Element, 1>;
   KernelLaunch launch(grid, kThreads, 0, stream);
-  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), params.device_index);
+  launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), params.device_index, programmatic);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, params), "cudaLaunchKernelEx(combine_kernel)");
   check_launch("combine_kernel");
 }
 
 }  // namespace
 
-void run_combine(const AttnParams& params, cudaStream_t stream) {
+void run_combine(const AttnParams& params, bool programmatic, cudaStream_t stream) {
   if (params.num_splits < 1 || params.num_splits > kMaxSplits) {
     throw Error(Error::Kind::unsupported, "CUDA combine: num_splits " + std::to_string(params.num_splits) +
                                               " outside [1, " + std::to_string(kMaxSplits) + "]");
   }
   switch (params.dtype) {
-    case DType::bf16: launch_combine<cutlass::bfloat16_t>(params, stream); break;
-    case DType::f16: launch_combine<cutlass::half_t>(params, stream); break;
+    case DType::bf16: launch_combine<cutlass::bfloat16_t>(params, programmatic, stream); break;
+    case DType::f16: launch_combine<cutlass::half_t>(params, programmatic, stream); break;
     default:
       throw Error(Error::Kind::unsupported, "CUDA combine: output dtype must be fp16 or bf16");
   }

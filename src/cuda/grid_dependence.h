@@ -24,7 +24,7 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 // finished and its writes are visible, so the trigger can come first. Issued at the start (after
 // the kernel's own wait_for_previous_grid, so that what the combine reads before its wait is
 // final), the combine's blocks are resident before the last attention CTA ends, which takes
-// their launch off a small decode call's critical path (docs/PERF.md, session 6).
+// their launch off a small decode call's critical path (docs/DECISIONS.md D-37).
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");

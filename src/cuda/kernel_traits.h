@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
 #include "common/rules.h"
+#include "common/tuning.h"
+#include "cuda/components/cta_geometry.h"
 
 namespace flashattn {
 namespace cuda {
@@ -36,9 +39,9 @@ template <> struct FwdTileConfig<256> { static constexpr int kBlockM = 128, kBlo
 // Decode and short query blocks (rules.h query_tile_rows: at most 64 rows per (batch, head),
 // GQA-packed rows included): 64-row tiles, 16 rows per warp, as FlashAttention-2's split-KV kernel. A 128-row
 // tile holding 4 packed rows spends twice the tensor-core time per K/V tile on empty rows, and
-// decode at batch 32 measured compute-bound that way (2.5 TB/s, docs/PERF.md).
+// decode at batch 32 measured compute-bound that way (2.5 TB/s, docs/DECISIONS.md D-12).
 template <int kHeadDim>
-struct DecodeTileConfig {
+struct ShortTileConfig {
   static constexpr int kBlockM = 64, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
 };
 
@@ -121,9 +124,9 @@ struct TileTraitsBase {
   static constexpr int kSmemCtaInfoBytes = 128;
   static constexpr int kDefaultSmemLimit = 48 * 1024;
   // The K/V layouts the kernel is compiled for: either (p.block_table decides at run time), or
-  // one only, which drops the other's code (SplitKeysTileConfig).
+  // one only, which drops the other's code (DecodeTileConfig).
   static constexpr KvLayouts kKvLayouts = KvLayouts::either;
-  // Whether the K/V copies ask the L2 to evict their lines first (SplitKeysTraits).
+  // Whether the K/V copies ask the L2 to evict their lines first (DecodeTraits).
   static constexpr bool kKvEvictFirst = false;
 };
 
@@ -149,7 +152,7 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
   static_assert(kSmemBytes <= 160 * 1024, "fits the SM80 per-block shared memory limit");
 };
 
-// ---- decode: warps split the keys ----------------------------------------------------------
+// ---- decode: the 16-row tile of the splitkeys, persistent and heads-split kernels ----------------------------------------------------------
 //
 // At most 16 query rows per (batch, head) — or per (batch, KV head) with GQA packing — as in
 // decode (rules.h query_tile_rows). One 16-row MMA slab; each of the 4 warps takes a quarter of
@@ -157,53 +160,50 @@ struct FwdTraits : TileTraitsBase<Element_, kHeadDim_, TileConfig::kBlockM, Tile
 // (max, sum, O) through shared memory at the end. Against the 64-row tile (4 warps x 16 rows,
 // each warp all keys) this is 4x fewer tensor-core operations per K/V byte, and with kStages
 // K/V buffers the next tile streams in during the whole of this one.
-// Two pipelines. Default: 2 K/V stages (one tile in flight while one is computed) at 3 CTAs
-// per SM, for many CTAs (3 stages at 2 CTAs per SM measured 2-4% slower at batch 8-32).
-// Deep (kDeep, d <= 128, sm_90's shared memory): 5 stages (four tiles in flight) at one CTA per
-// SM, for few CTAs with short key walks, where the default pipeline leaves the memory system
-// waiting (make_plan's rule; docs/PERF.md, session 3).
-// Persistent (kPersistent, d = 64 and 128; persistent_decode_kernel.h: each CTA walks several
-// units with one pipeline through them, where that fills the waves better, rules.h
-// persistent_decode_ctas): 3 stages (two tiles in flight) at 2 CTAs per SM. At the default's 2
-// stages and 3 CTAs per SM its producer's and consumer's state spilled 176 bytes to local
-// memory, which the L1 left beside the shared memory could not hold: 18% slower at batch 128 x
-// 1k (docs/PERF.md, session 12).
-// Heads split (kSplitHeads, d = 64 and 128, contiguous K/V; splitheads_kernel.h: each warp computes
-// one of the CTA's kNWarps units whole, where rules.h decode_warps_split_heads says so): 3 stages
-// at 2 CTAs per SM, as the persistent grid (its Q is kNWarps tiles).
-template <int kHeadDim, bool kDeep, bool kSplitDims, bool kPaged, bool kPersistent = false, bool kSplitHeads = false>
-struct SplitKeysTileConfig {
+// How the four warps of a decode tile share its work: each a quarter of every K/V tile's keys
+// (merged at the end), each a quarter of the head dim (short split walks, no merge: D-19), or
+// each a unit of its own (splitheads_kernel.h, no merge: D-32).
+enum class WarpSplit { keys, dims, heads };
+
+// The K/V pipeline of a decode kernel:
+//   standard:    2 stages (one tile in flight) at 3 CTAs per SM, for many CTAs (D-14);
+//   deep:        5 stages (four tiles in flight) at one CTA per SM, d <= 128, for few CTAs with
+//                short walks (D-16);
+//   three_stage: 3 stages at 2 CTAs per SM: the persistent grid, whose producer and consumer
+//                state spilled at the standard pipeline's 3 CTAs per SM (D-29), and the
+//                heads-split kernel (its Q is four tiles).
+enum class DecodePipeline { standard, deep, three_stage };
+
+template <int kHeadDim, WarpSplit kWarps, DecodePipeline kPipeline, KvLayouts kLayout>
+struct DecodeTileConfig {
+  static constexpr bool kDeep = kPipeline == DecodePipeline::deep;
+  static constexpr bool kThreeStage = kPipeline == DecodePipeline::three_stage;
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  static constexpr int kStages = kDeep ? 5 : (kPersistent || kSplitHeads) ? 3 : 2;
-  static constexpr int kMinBlocksPerSm = kDeep ? 1 : (kPersistent || kSplitHeads) ? 2 : kHeadDim <= 128 ? 3 : 1;
+  static constexpr int kStages = kDeep ? 5 : kThreeStage ? 3 : 2;
+  static constexpr int kMinBlocksPerSm = kDeep ? 1 : kThreeStage ? 2 : kHeadDim <= 128 ? 3 : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
-  // kPaged: compiled for paged K/V (PagedRows) and for it only; the contiguous kernels keep the
-  // page-table code, its registers and instructions out of their mainloop (measured: a kernel
-  // serving both spilled, and contiguous calls on it lost 2-3% at batch 32 x 1k; docs/PERF.md,
-  // session 10). The deep pipeline serves contiguous K/V only (make_plan).
-  static constexpr KvLayouts kKvLayouts = kPaged ? KvLayouts::paged : KvLayouts::contiguous;
-  static_assert(!(kDeep && kPaged), "the deep pipeline reads contiguous K/V");
-  // kSplitDims: the warps split the head dim instead of the keys, at d = 64 and 128 (16 and 32
-  // columns of O per warp; d = 192's 48 do not tile the swizzled V layout). Every warp computes
-  // the tile's whole S (4x the Q K^T tensor work, which short walks can afford: rules.h
-  // decode_warps_split_dims) and its own columns of O, so the warps need no merge at the end
-  // (three barriers and ~200 instructions of a one-tile CTA's ~1,400, docs/PERF.md session 5).
-  static constexpr bool kWarpsSplitDims = kSplitDims && (kHeadDim == 64 || kHeadDim == 128);
+  // Compiled for one K/V layout: the contiguous kernels keep the page-table code out of their
+  // mainloop (D-22). The deep pipeline reads contiguous K/V only (D-18).
+  static constexpr KvLayouts kKvLayouts = kLayout;
+  static_assert(kLayout != KvLayouts::either, "a decode kernel is compiled for one K/V layout");
+  static_assert(!(kDeep && kLayout == KvLayouts::paged), "the deep pipeline reads contiguous K/V");
+  // Splitting the head dim: d = 64 and 128 only (16 and 32 columns of O per warp; d = 192's 48
+  // do not tile the swizzled V layout).
+  static constexpr bool kWarpsSplitDims = kWarps == WarpSplit::dims;
+  static constexpr bool kWarpsSplitHeads = kWarps == WarpSplit::heads;
+  static_assert(!kWarpsSplitDims || kHeadDim == 64 || kHeadDim == 128, "dims split: d = 64 and 128");
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
-  static_assert(!kPersistent || (!kDeep && !kSplitDims && kHeadDim <= 128),
-                "persistent: the default keys-split kernel");
-  static constexpr bool kWarpsSplitHeads = kSplitHeads;
-  static_assert(!kSplitHeads || (!kDeep && !kSplitDims && !kPaged && !kPersistent && kHeadDim <= 128),
-                "heads split: contiguous K/V, the default pipeline's tiles");
+  static_assert(!kWarpsSplitHeads || (kThreeStage && kLayout == KvLayouts::contiguous && kHeadDim <= 128),
+                "heads split: contiguous K/V, three stages");
 };
 
-template <typename Element_, int kHeadDim_, bool kDeep = false, bool kSplitDims = false, bool kPaged = false,
-          bool kPersistent = false, bool kSplitHeads = false>
-struct SplitKeysTraits
-    : TileTraitsBase<Element_, kHeadDim_, SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockM,
-                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kBlockN,
-                     SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged>::kNWarps> {
-  using Config = SplitKeysTileConfig<kHeadDim_, kDeep, kSplitDims, kPaged, kPersistent, kSplitHeads>;
+template <typename Element_, int kHeadDim_, WarpSplit kWarps = WarpSplit::keys,
+          DecodePipeline kPipeline = DecodePipeline::standard, KvLayouts kLayout = KvLayouts::contiguous>
+struct DecodeTraits
+    : TileTraitsBase<Element_, kHeadDim_, DecodeTileConfig<kHeadDim_, kWarps, kPipeline, kLayout>::kBlockM,
+                     DecodeTileConfig<kHeadDim_, kWarps, kPipeline, kLayout>::kBlockN,
+                     DecodeTileConfig<kHeadDim_, kWarps, kPipeline, kLayout>::kNWarps> {
+  using Config = DecodeTileConfig<kHeadDim_, kWarps, kPipeline, kLayout>;
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
@@ -211,9 +211,9 @@ struct SplitKeysTraits
   static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
   static constexpr bool kWarpsSplitHeads = Config::kWarpsSplitHeads;
   // The split-dims kernels copy K/V evict-first, so that their lines replace each other rather
-  // than other data in the L2: measured (docs/PERF.md, session 5 runs 2-4), decode calls whose
+  // than other data in the L2: measured (docs/DECISIONS.md D-20), decode calls whose
   // K/V fit the L2 gained 2-6% (batch 1 x 1k, 8 x 1k) and calls streaming ten times the L2 lost
-  // 3-6%; a split-dims call walks at most rules.h kSplitDimsMaxTiles tiles per CTA (~4 x 64
+  // 3-6%; a split-dims call walks at most tuning.h kSplitDimsMaxTiles tiles per CTA (~4 x 64
   // keys over a few waves of CTAs: about the L2's size). The other kernels copy plainly. (The
   // same hint on the Q copies of unsplit prefill measured nothing.)
   static constexpr bool kKvEvictFirst = kWarpsSplitDims;
@@ -256,6 +256,85 @@ struct SplitKeysTraits
   // pipeline, one (~170 KB at d = 128).
   static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
 };
+
+// Tiles of the wgmma kernel (head dims 64, 128, 192, 256: rows of whole 128-byte swizzle
+// atoms). Wide: kBlockN 128 (64 for d > 128, so that O and S fit in registers), one CTA per SM.
+// Narrow: kBlockN 64 and two CTAs per SM (<= 128 registers; smem 48 KB at d = 64, 100 KB at
+// d = 128), so that one CTA's softmax and prologue overlap the other's tensor-core work.
+// Narrow96: the narrow tile with 96 keys, for d = 64 (O needs 32 registers there, so a 96-key S
+// still fits 128 registers; 128 keys spill): fewer barriers and K/V tiles per key.
+
+
+template <int kHeadDim, WgmmaTile kTile>
+struct WgmmaTileConfig {
+  static constexpr bool kTwoPerSm = kTile != WgmmaTile::wide;
+  static constexpr int kBlockN = kTile == WgmmaTile::narrow96 ? 96 : (kTwoPerSm || kHeadDim > 128) ? 64 : 128;
+  static constexpr int kMinBlocksPerSm = kTwoPerSm ? 2 : 1;
+  // K/V stages: one tile in flight while one is computed (three stages at d = 64, two tiles in
+  // flight, measured no faster: docs/DECISIONS.md D-4).
+  static constexpr int kStages = 2;
+  static_assert(kTile != WgmmaTile::automatic, "a compiled tile");
+  static_assert(kTile != WgmmaTile::narrow96 || kHeadDim == 64, "96-key narrow tile: d = 64 only");
+};
+
+template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
+struct WgmmaTraits
+    : TileTraitsBase<Element_, kHeadDim_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, 8> {
+  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
+  using Element = Element_;
+  static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
+  static constexpr int kStages = Config::kStages;
+  static_assert(kHeadDim % 64 == 0, "rows of whole 128-byte swizzle atoms");
+
+  // K-major 128-byte swizzled layouts, as wgmma's shared-memory descriptors expect them.
+  using SmemLayoutAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as (d, n): the B operand of P V, MN-major (d contiguous).
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::GenRowMajor{})));
+
+  // Two warpgroups stacked along M, 64 rows each.
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
+  static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
+  // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
+  static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
+  static constexpr int kSmemBytes =
+      (kQElems + 2 * kStages * kKVElems) * int(sizeof(Element)) + kSmemRowOffsetBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
+};
+
+// ---- shared memory of the decode kernels that size it beyond their traits -------------------
+
+// splitheads_kernel: kNWarps Q tiles, kStages x (K, V).
+template <class Traits>
+constexpr int splitheads_smem_bytes() {
+  return Traits::kNWarps * Traits::kSmemQBytes + 2 * Traits::kStages * Traits::kSmemKVBytes;
+}
+
+// persistent_decode_kernel: kStages x (Q, K, V, unit, lengths), the Q/O row offsets, the merge
+// statistics.
+template <class Traits>
+constexpr int persistent_decode_smem_bytes() {
+  return Traits::kStages * (Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes + int(sizeof(fwd::DecodeUnit)) +
+                            kSeqInfoReads * int(sizeof(int))) +
+         Traits::kSmemRowOffsetBytes + 2 * Traits::kNWarps * Traits::kBlockM * int(sizeof(float));
+}
 
 }  // namespace cuda
 }  // namespace flashattn

@@ -5,8 +5,8 @@
 // splitkeys_kernel.h launches one CTA per unit, in waves of the CTAs resident at once; where
 // the last wave is short (batch 64 x 8 KV heads: 512 units over 396 slots, a last wave of 116),
 // most of the GPU idles through it. Here fewer CTAs with more stages each (kernel_traits.h
-// SplitKeysTileConfig kPersistent: 3 stages at 2 CTAs per SM) take the units in turn, in rounds
-// that fill the slots better (rules.h persistent_decode_ctas decides). A CTA issues its next
+// DecodePipeline::three_stage: 3 stages at 2 CTAs per SM) take the units in turn, in rounds
+// that fill the slots better (tuning.h persistent_decode_ctas decides). A CTA issues its next
 // unit's Q and first tiles while it computes the current unit's last ones, and merges the warps
 // in the stage the last tile leaves free, so its copies do not stop between units.
 //
@@ -19,48 +19,26 @@
 // being computed), so at most kStages - 1 units ahead: Q, the unit's geometry and its lengths
 // have a ring of kStages slots by unit.
 //
-// Served (launch_persistent_decode): the default keys-split pipeline's calls, contiguous or
+// Served (api/kernel_choice.cpp serves_persistent): the default keys-split pipeline's calls, contiguous or
 // paged K/V (one instance each), unsplit, d = 64 and 128, with Q rows equally spaced in Q
-// (fwd_kernel.h q_tile_rows).
+// (tile_loads.h q_tile_rows).
 #pragma once
 
-#include "cuda/splitkeys_kernel.h"
+#include "common/params.h"
+#include "cuda/components/cta_geometry.h"
+#include "cuda/components/epilogue.h"
+#include "cuda/components/kv_pipeline.h"
+#include "cuda/components/tile_loads.h"
+#include "cuda/components/warp_tile_math.h"
+#include "cuda/grid_dependence.h"
+#include "cuda/kernel_traits.h"
 
 namespace flashattn {
 namespace cuda {
 namespace fwd {
 
-// A unit as the persistent kernel walks it: its geometry and key tiles.
-struct DecodeUnit {
-  CtaInfo c;
-  CtaKeyTiles tiles;
-};
-
-// The items of a unit: one per key tile, or one empty item.
-__device__ __forceinline__ int unit_items(const CtaKeyTiles& t) { return t.hi > t.lo ? t.hi - t.lo : 1; }
-
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ DecodeUnit make_decode_unit(const AttnParams& p, int unit, const SeqInfo& seq) {
-  DecodeUnit u;
-  u.c = decode_unit_info(p, unit, seq);
-  u.tiles = cta_key_tiles<kBlockM, kBlockN>(p, u.c, /*split=*/0);
-  return u;
-}
-
-// The shared memory of persistent_decode_kernel: kStages x (Q, K, V, unit, lengths), the Q/O
-// row offsets, the merge statistics.
-template <class Traits>
-constexpr int persistent_decode_smem_bytes() {
-  return Traits::kStages * (Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes + int(sizeof(DecodeUnit)) +
-                            kSeqInfoReads * int(sizeof(int))) +
-         Traits::kSmemRowOffsetBytes + 2 * Traits::kNWarps * Traits::kBlockM * int(sizeof(float));
-}
-
-// The next index of a ring of kSlots.
-template <int kSlots>
-__device__ __forceinline__ int ring_next(int slot) {
-  return slot + 1 == kSlots ? 0 : slot + 1;
-}
+using namespace cute;
+using cute::Tensor;
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
@@ -171,7 +149,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto issue_item = [&](const DecodeUnit& pu) {
     if (pu.tiles.hi > pu.tiles.lo) {
       if (n_p == pu.tiles.hi - 1) {
-        const StridedRows q_rows = q_tile_rows(p, pu.c);  // equally spaced (launch_persistent_decode)
+        const StridedRows q_rows = q_tile_rows(p, pu.c);  // equally spaced (serves_persistent)
         auto sQ = q_buffer(slot_p);
         load_strided_rows<Traits, kBlockM>(sQ, q_base, q_base + q_rows.first, q_rows.stride, q_rows.rows,
                                            p.head_dim, tid);
@@ -244,7 +222,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if (items_left == 0) {  // the unit's last item: merge in its stage, store O and LSE
       const StageMergeO<Traits> merge_o{reinterpret_cast<float*>(smem_k + stage * kKVElems),
                                         reinterpret_cast<float*>(smem_v + stage * kKVElems)};
-      merge_warps_and_store<Traits>(p, u.c, /*split=*/0, math.acc_o, math.row_max, math.row_sum, sc, merge_max, merge_sum,
+      merge_warps_and_store<Traits>(p, u.c, /*split=*/0, math.acc_o, math.rows, sc, merge_max, merge_sum,
                                     merge_o, SplitPartial{nullptr, nullptr}, o_off, tid);
     }
     stage = ring_next<kStages>(stage);

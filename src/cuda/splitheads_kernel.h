@@ -6,50 +6,34 @@
 // quarter of every key tile of one unit, so a unit ends with the warps merging (max, sum, O)
 // through shared memory: two barriers and a round of shared-memory traffic per unit. Where a
 // call has many short units (batch 128 x 1k: 1,024 units of 16 tiles), a persistent CTA walks
-// four of them and merges four times, ~5 us of a 136 us call (docs/PERF.md, session 17 runs
-// 7-13). Here a stage holds kKeysPerWarp keys of each of the CTA's kNWarps units (the same
+// four of them and merges four times, ~5 us of a 136 us call (docs/DECISIONS.md D-32).
+// Here a stage holds kKeysPerWarp keys of each of the CTA's kNWarps units (the same
 // 64-row K and V tiles, warp w's rows being unit w's keys), so a CTA walks its four units side
 // by side, as long as one of them, and each warp ends by writing its own rows from registers,
 // with no merge. Its rows of a key share one contiguous run of the cache row (kNWarps heads x d).
 // Per step n (kKeysPerWarp keys of every unit, walked from the last down), one barrier:
 //   wait step n; barrier | issue step n-kStages+1 | per warp: S = Q_w K_w^T, rules, softmax, O_w += P V_w
 //
-// Served (launch_splitheads): contiguous K/V, unsplit, one decode tile per unit with its rows
-// equally spaced in Q (fwd_kernel.h q_tile_rows), units of distinct KV heads in whole groups.
+// Served (api/kernel_choice.cpp serves_heads): contiguous K/V, unsplit, one decode tile per unit
+// with its rows equally spaced in Q (tile_loads.h q_tile_rows), units of distinct KV heads in
+// whole groups.
 #pragma once
 
-#include "cuda/splitkeys_kernel.h"
+#include "common/params.h"
+#include "cuda/components/cta_geometry.h"
+#include "cuda/components/epilogue.h"
+#include "cuda/components/kv_pipeline.h"
+#include "cuda/components/tile_loads.h"
+#include "cuda/components/warp_tile_math.h"
+#include "cuda/grid_dependence.h"
+#include "cuda/kernel_traits.h"
 
 namespace flashattn {
 namespace cuda {
 namespace fwd {
 
-// The shared memory of splitheads_kernel: kNWarps Q tiles, kStages x (K, V).
-template <class Traits>
-constexpr int splitheads_smem_bytes() {
-  return Traits::kNWarps * Traits::kSmemQBytes + 2 * Traits::kStages * Traits::kSmemKVBytes;
-}
-
-// The end of a warp that computed its unit whole: its rows of O and their LSE, straight from
-// registers (two elements of a row per store; a unit's O is a few hundred bytes).
-template <class Traits, class AccO, int kRows>
-__device__ __forceinline__ void store_warp_rows(const AttnParams& p, const CtaInfo& c, const AccO& acc_o,
-                                                const float (&row_max)[kRows], const float (&row_sum)[kRows],
-                                                const ScoreScale& sc, int lane) {
-  using Element = typename Traits::Element;
-  for_each_warp_row<Traits, Traits::kHeadDim>(
-      c, acc_o, row_max, row_sum, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
-        const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-        Element* dst = static_cast<Element*>(p.o) + o_offset(p, c.seq, c.b, pr.query, pr.head);
-        for_each_pair([&](int col, float o0, float o1) {
-          cutlass::Array<Element, 2> out;
-          out[0] = static_cast<Element>(o0);
-          out[1] = static_cast<Element>(o1);
-          if (col < p.head_dim) *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + col) = out;
-        });
-        if (quad_leader && p.lse != nullptr) p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = lse;
-      });
-}
+using namespace cute;
+using cute::Tensor;
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
@@ -141,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     math.step(p, c, steps, sc, n, /*stage=*/int(unsigned(n) % kStages));
   }
   cp_async_wait<0>();
-  store_warp_rows<Traits>(p, c, math.acc_o, math.row_max, math.row_sum, sc, lane);
+  store_warp_rows<Traits>(p, c, math.acc_o, math.rows, sc, lane);
 }
 
 }  // namespace fwd

@@ -447,7 +447,7 @@ std::vector<KVCase> kvcache_cases(Device device) {
   // 6 units in 16 splits of 3 tiles (the warps split the head dim)
   add(decode(device, bf, 2, 8, 4, 128, 8191, 1));
   add(decode(device, fp, 3, 4, 2, 128, 3000, 0));
-  // the heads-split decode kernel (FLASHATTN_SPLIT_HEADS=always in the GPU sweep's second pass;
+  // the heads-split decode kernel (the GPU sweep forced onto Kernel::heads;
   // CUDA launch_splitheads): unsplit, contiguous, the units of a sequence whole groups of four,
   // each with its own KV head: packed GQA (one query) and MHA (several queries)
   {

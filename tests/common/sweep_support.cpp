@@ -35,6 +35,11 @@ std::string Features::name() const {
   if (alibi == Alibi::per_batch_head) os << "_alibiBH";
   if (scale != 0.0f) os << "_scaled";
   if (!lse) os << "_nolse";
+  if (kernel.kernel != flashattn::Kernel::automatic) os << "_on_" << flashattn::kernel_name(kernel.kernel);
+  if (!kernel.cluster_combine) os << "_combinekernel";
+  if (!kernel.programmatic_launch) os << "_nopdl";
+  if (kernel.tile_order != flashattn::TileOrder::automatic) os << "_order" << int(kernel.tile_order);
+  if (kernel.wgmma_tile != flashattn::WgmmaTile::automatic) os << "_tile" << int(kernel.wgmma_tile);
   return os.str();
 }
 
@@ -126,6 +131,7 @@ flashattn::AttentionOptions api_options(const Features& f, const AlibiData& alib
   o.softcap = f.softcap;
   o.alibi_slopes = alibi.tensor(batch);
   o.softmax_lse = lse;
+  o.kernel_override = f.kernel;  // the sweep's kernel, never FLASHATTN_KERNEL's
   return o;
 }
 

@@ -28,6 +28,8 @@ struct Features {
   Alibi alibi = Alibi::none;
   float scale = 0.0f;  // 0 = default 1/sqrt(d)
   bool lse = true;     // ask for softmax_lse and check it
+  // The kernel the call is forced onto where it serves it (the GPU sweeps run once per kernel).
+  flashattn::KernelOverride kernel;
   std::string name() const;
 };
 
@@ -101,7 +103,38 @@ std::vector<KVCase> kvcache_cases(Device device);
 std::vector<KVCase> kvcache_split_cases(Device device);
 std::vector<KVCase> kvcache_paging_cases(Device device);
 
+// The cases with every call forced onto `kernel` where it serves them (a call it does not serve
+// takes the automatic choice, api/kernel_choice.h).
+template <class Case>
+std::vector<Case> on_kernel(std::vector<Case> cases, flashattn::KernelOverride kernel) {
+  for (Case& c : cases) c.f.kernel = kernel;
+  return cases;
+}
+inline flashattn::KernelOverride forced(flashattn::Kernel kernel) {
+  flashattn::KernelOverride o;
+  o.kernel = kernel;
+  return o;
+}
+
 }  // namespace fa_test
+
+// The prefill sweeps (dense, varlen) with every call forced onto one kernel.
+#define FA_INSTANTIATE_PREFILL_SWEEPS_ON(Prefix, device, kernel)                                         \
+  INSTANTIATE_TEST_SUITE_P(Prefix, DenseSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::dense_cases(device), kernel)), \
+                           ::fa_test::CaseName());                                                       \
+  INSTANTIATE_TEST_SUITE_P(Prefix, VarlenSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::varlen_cases(device), kernel)), \
+                           ::fa_test::CaseName())
+
+// The decode sweeps (kv cache, its split counts and paging, varlen) with every call forced onto one kernel.
+#define FA_INSTANTIATE_DECODE_SWEEPS_ON(Prefix, device, kernel)                                          \
+  INSTANTIATE_TEST_SUITE_P(Prefix, VarlenSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::varlen_cases(device), kernel)), \
+                           ::fa_test::CaseName());                                                       \
+  INSTANTIATE_TEST_SUITE_P(Prefix, KVCacheSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::kvcache_cases(device), kernel)), \
+                           ::fa_test::CaseName());                                                       \
+  INSTANTIATE_TEST_SUITE_P(Prefix, KVCacheSplits, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::kvcache_split_cases(device), kernel)), \
+                           ::fa_test::CaseName());                                                       \
+  INSTANTIATE_TEST_SUITE_P(Prefix, KVCachePaging, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::kvcache_paging_cases(device), kernel)), \
+                           ::fa_test::CaseName())
 
 // Instantiates every sweep for one device (used once by each test executable).
 #define FA_INSTANTIATE_SWEEPS(Prefix, device)                                                   \

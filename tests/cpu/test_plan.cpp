@@ -14,7 +14,7 @@ namespace {
 using flashattn::DType;
 using flashattn::Tensor;
 
-// Rules restated from DESIGN.md / docs/TEAM.md / FlashAttention-2.
+// Rules restated from DESIGN.md / README.md (Semantics) / FlashAttention-2.
 // Query rows per tile: 16 for decode (<= 16 rows per unit), 64 for short query blocks
 // (<= 64 rows), else 128.
 int tile_rows(int rows) { return rows <= 16 ? 16 : rows <= 64 ? 64 : 128; }
@@ -24,8 +24,8 @@ constexpr double kEfficiencyFraction = 0.85; // fewest splits within 85% of the 
 constexpr size_t kAlign = 256;
 
 int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
-// Rows per K/V tile of the split walk: rules.h splitkv_block_n (TEAM.md), which follows the
-// CUDA kernel tile (kBlockN). Update here if the kernel tile changes.
+// Rows per K/V tile of the split walk: rules.h splitkv_block_n (docs/DECISIONS.md D-33), which
+// follows the CUDA kernel tile (kBlockN). Update here if the kernel tile changes.
 int block_n(int d) { return d <= 32 ? 128 : 64; }
 
 int fa2_splits(int64_t work, int processors, int key_tiles) {

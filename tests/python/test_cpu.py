@@ -318,6 +318,7 @@ def test_plan_and_workspace_alignment(rng):
     case = kvcache_case(rng, np.float16, b=2, max_sk=512)
     plan = flashattn.plan_kvcache(**case, num_splits=4)
     assert plan.num_splits >= 1 and plan.workspace_bytes >= 0
+    assert plan.kernel == "cpu"  # the kernel that runs the call, by name
     for n in (0, 1, 1000):
         ws = flashattn.allocate_workspace(n, like=case["q"])
         assert ws.nbytes == n and ws.dtype == np.uint8

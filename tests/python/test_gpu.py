@@ -249,6 +249,7 @@ def test_decode_cuda_graph():
     plan = flashattn.plan_kvcache(q, k_cache, v_cache, k_new, v_new, **args)
     workspace = flashattn.allocate_workspace(plan, like=q)
     assert workspace.is_cuda and workspace.numel() == plan.workspace_bytes
+    assert plan.kernel in ("splitkeys", "deep", "dims", "persistent", "heads")  # a decode kernel
 
     def step():
         return flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **args,

@@ -1,5 +1,5 @@
-// The float64 test oracle (see reference.h). Written plainly from the semantics in DESIGN.md
-// and docs/TEAM.md; it includes nothing from src/ on purpose.
+// The float64 test oracle (see reference.h). Written plainly from the semantics in DESIGN.md and
+// README.md (Semantics); it includes nothing from src/ on purpose.
 #include "reference.h"
 
 #include <cmath>

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
+# Probe: one prefill call per implementation inside a profiler range, for Nsight Compute.
 """One prefill call each of ours and of SDPA FLASH_ATTENTION (FlashAttention-2) per point, inside
 a CUDA profiler range, for Nsight Compute (`ncu --profile-from-start off`); warm-up calls run
 outside the range. Points are d x seqlen on the FlashAttention-2 grid (16k tokens, hidden 2048).
 
-    ncu --profile-from-start off --section SpeedOfLight python3 bench/prefill_ncu.py 64x512
+    ncu --profile-from-start off --section SpeedOfLight python3 bench/probes/prefill_ncu.py 64x512
 """
 import sys
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
-from decode_ncu import run_in_profiler_range  # bench/decode_ncu.py (this script's folder is on sys.path)
+from decode_ncu import run_in_profiler_range  # bench/probes/decode_ncu.py (this script's folder is on sys.path)
 
 TOKENS, HIDDEN = 16384, 2048
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
+# Probe: host time against GPU time (CUDA-graph replay) of small decode calls.
 """Where the time of a small decode call goes: GPU time of the kernels alone (CUDA graph replay)
 against the eager call (do_bench, as bench.py), and the host time per call.
 
-    python3 bench/decode_overhead.py --batch 1 --context 4096 [--page-size 16]
+    python3 bench/probes/decode_overhead.py --batch 1 --context 4096 [--page-size 16]
 """
 import argparse
 import time

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# Probe: decode times after a dirty (zero-write) and a clean (read) L2 flush, and the read floor.
 """How the L2's state before a decode call moves its time, for us and for SDPA (FlashAttention-2,
 cuDNN). do_bench flushes the L2 by writing zeros over a 256 MB buffer before each call, which
 leaves the L2 full of dirty lines: a call that evicts them pays for their write-back. This
@@ -6,7 +7,7 @@ script times each call after that flush ("dirty") and after a flush that only re
 buffer ("clean": the L2 is as cold for K/V, but holds clean lines), both as medians of event
 timings of single calls.
 
-    python3 bench/l2_state.py --points 8x16384 32x4096 128x1024 1x1024 8x1024
+    python3 bench/probes/l2_state.py --points 8x16384 32x4096 128x1024 1x1024 8x1024
 
 --read-floor also times torch.sum over an int64 buffer of the point's K/V bytes after the same
 flush: PyTorch's reduction kernel, a plain streaming read of as many bytes (8 per element, so
@@ -17,13 +18,16 @@ prints as "ours"; FA2 and cuDNN are timed once per flush). --rounds N measures t
 N times over, in turn (the spread between rounds is the run-to-run noise of one process).
 """
 import argparse
+import pathlib
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
-from bench import paged_kv, warm_up_gpu, warm_up_timing  # bench/bench.py
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # bench/bench.py
+from bench import paged_kv, warm_up_gpu, warm_up_timing  # noqa: E402
 
 H, HK, D = 32, 8, 128
 REPS = 200

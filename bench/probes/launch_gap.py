@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# Probe: the GPU gap before a decode call's first kernel, from CUPTI timestamps.
 """The GPU's gap before a decode call's first kernel, from CUPTI kernel timestamps
 (torch.profiler), in two orders of work:
 
@@ -9,7 +10,7 @@
                 after the kernel that wrote its query), eager and CUDA-graph replay: time per
                 step and the gap from mul_'s end to the call's first kernel. Ours only.
 
-    python3 bench/launch_gap.py 1x1024 32x4096      (FLASHATTN_NO_PDL=1: without the
+    python3 bench/probes/launch_gap.py 1x1024 32x4096      (FLASHATTN_KERNEL=automatic,pdl=off: without the
                                                      programmatic dependent launch)
 
 --append: our call also appends one new key and value per sequence (k_new, v_new) in place,

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
+# Probe: one decode call per implementation inside a profiler range, for Nsight Compute (DRAM bytes, time).
 """One decode call each of ours, SDPA cuDNN and SDPA FlashAttention-2 per point, inside a CUDA
 profiler range, for Nsight Compute (`ncu --profile-from-start off`); warm-up calls run outside
 the range.
 
-    ncu --profile-from-start off --section SpeedOfLight python3 bench/decode_ncu.py 1x16384 128x1024
+    ncu --profile-from-start off --section SpeedOfLight python3 bench/probes/decode_ncu.py 1x16384 128x1024
 
 --flush dirty|clean puts the benchmark's L2 state before each profiled call: "dirty" writes zeros
 over 256 MB as do_bench does (the L2 is left full of dirty lines, which the call then writes back

@@ -30,7 +30,7 @@
 // Nsight Compute to read their DRAM bytes (`ncu --cache-control none -k regex:stream_kernel
 // --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum`).
 //
-//   nvcc -O3 -arch=sm_90a -std=c++17 -o stream_probe bench/stream_probe.cu && ./stream_probe
+//   nvcc -O3 -arch=sm_90a -std=c++17 -o stream_probe bench/probes/stream_probe.cu && ./stream_probe
 #include <cuda.h>
 #include <cuda_runtime.h>
 

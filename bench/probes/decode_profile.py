@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
+# Probe: the kernels and GPU span of one small decode call, ours and SDPA's (torch.profiler).
 """What the GPU does during one small decode call, for us and for SDPA (FlashAttention-2, cuDNN):
 eager times first (do_bench medians with a caller workspace, as bench.py), our time over explicit
 split counts, then the kernels of each call, their CUDA times and the call's GPU span
 (torch.profiler, each call after an L2 flush; after the timings, since a profiler session
 disturbs the timings that follow it).
 
-    python3 bench/decode_profile.py --points 1x1024 1x4096 8x1024 --splits 1 2 4 8 16
+    python3 bench/probes/decode_profile.py --points 1x1024 1x4096 8x1024 --splits 1 2 4 8 16
 """
 import argparse
+import pathlib
+import sys
 from collections import defaultdict
 
 import torch
@@ -17,7 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 import flashattn
-from bench import warm_up_gpu  # bench/bench.py (this script's folder is on sys.path)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # bench/bench.py
+from bench import warm_up_gpu  # noqa: E402
 
 H, HK, D = 32, 8, 128
 CALLS = 20

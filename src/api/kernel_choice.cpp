@@ -1,0 +1,224 @@
+#include "api/kernel_choice.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/rules.h"
+#include "common/tuning.h"
+
+namespace flashattn {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The shape of the call's work: units (a unit is one (batch, head), or (batch, KV head) with
+// pack_gqa), their query rows and tiles, and the key tiles of the split-KV walk.
+struct Work {
+  int units_per_sequence = 0;
+  int64_t units = 0;
+  int rows = 0;           // query rows of a unit (GQA-packed rows included)
+  int tile_rows = 0;      // rules.h query_tile_rows
+  int64_t query_tiles = 0;  // per unit
+  int64_t work_tiles = 0;   // CTAs without splitting
+  int key_tiles = 0;        // splitkv_block_n tiles of the longest sequence
+  bool decode_tile() const { return tile_rows == kQueryTileRowsDecode; }
+};
+
+Work work_of(const Problem& p, bool pack_gqa) {
+  Work w;
+  const int group = pack_gqa ? p.heads / p.heads_k : 1;
+  w.units_per_sequence = pack_gqa ? p.heads_k : p.heads;
+  w.units = int64_t(p.batch) * w.units_per_sequence;
+  w.rows = p.seqlen_q * group;
+  w.tile_rows = query_tile_rows_for(w.rows);
+  w.query_tiles = ceil_div(std::max(w.rows, 1), w.tile_rows);
+  w.work_tiles = w.units * w.query_tiles;
+  w.key_tiles = int(ceil_div(std::max(p.seqlen_k, 1), splitkv_block_n(p.head_dim)));
+  return w;
+}
+
+int planned_splits(const Problem& p, const Work& w, int requested, int processors) {
+  if (p.seqlen_q == 0 || p.batch == 0) return 1;
+  if (requested > 0) return std::min(requested, kMaxSplits);
+  return num_splits_heuristic(int(std::min<int64_t>(w.work_tiles, 1 << 30)), processors, w.key_tiles, kMaxSplits);
+}
+
+// ---- what each CUDA kernel can serve -------------------------------------------------------------
+
+bool wide_decode_dims(int served_head_dim) { return served_head_dim == 64 || served_head_dim == 128; }
+
+bool serves_wgmma(const DeviceFacts& d, const Work& w, int splits) {
+  return d.sm90 && w.tile_rows == kQueryTileRows && splits == 1 && d.served_head_dim % 64 == 0;
+}
+bool serves_deep(const Problem& p, const DeviceFacts& d) {
+  return d.sm90 && d.served_head_dim <= kDeepDecodeMaxHeadDim && !p.paged;
+}
+bool serves_dims(const DeviceFacts& d, int splits) { return wide_decode_dims(d.served_head_dim) && splits >= 2; }
+// Unsplit, with a unit's rows equally spaced in Q (one query of packed GQA rows, or unpacked).
+bool unsplit_strided_rows(const Problem& p, const KernelChoice& c) {
+  return c.num_splits == 1 && !(c.pack_gqa && p.seqlen_q != 1);
+}
+bool serves_persistent(const Problem& p, const DeviceFacts& d, const KernelChoice& c) {
+  return !c.deep_pipeline && wide_decode_dims(d.served_head_dim) && unsplit_strided_rows(p, c) &&
+         d.persistent_slots > 0;
+}
+constexpr int kHeadsSplitWarps = 4;  // units per CTA of the heads-split kernel (its warps)
+bool serves_heads(const Problem& p, const DeviceFacts& d, const Work& w, const KernelChoice& c) {
+  const bool own_kv_head = c.pack_gqa ? p.seqlen_q == 1 : p.heads == p.heads_k;
+  return !c.deep_pipeline && !p.paged && wide_decode_dims(d.served_head_dim) && c.num_splits == 1 && own_kv_head &&
+         w.units_per_sequence % kHeadsSplitWarps == 0 && d.heads_slots > 0;
+}
+
+// ---- decode ------------------------------------------------------------------------------------
+
+// The deep pipeline's plan (D-16, D-17): few units with short walks get the heuristic's split
+// count over the SMs (one CTA each), and the deep pipeline where the walks stay >= 3 tiles.
+void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
+  const bool few_units = double(w.work_tiles) < kDeepFewUnitsFraction * d.sms;
+  if (requested != 0 || !serves_deep(p, d) || !few_units || c.num_splits <= 1 ||
+      ceil_div(w.key_tiles, c.num_splits) > kDeepDecodeMaxTiles) {
+    return;
+  }
+  c.num_splits = num_splits_heuristic(int(w.work_tiles), d.sms, w.key_tiles, kMaxSplits);
+  c.deep_pipeline = ceil_div(w.key_tiles, c.num_splits) >= kDeepDecodeMinTiles;
+}
+
+// The decode kernel `forced` (automatic: the tuned choice) into c; false where that kernel does
+// not serve the call.
+bool choose_decode_kernel(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
+                          KernelChoice& c) {
+  switch (forced) {
+    case Kernel::automatic: {
+      plan_deep_pipeline(p, d, w, requested, c);
+      if (serves_dims(d, c.num_splits) && decode_warps_split_dims(c.num_splits, p.seqlen_k, p.head_dim)) {  // D-19
+        c.kernel = Kernel::dims;
+      } else if (c.deep_pipeline) {
+        c.kernel = Kernel::deep;
+      } else if (serves_heads(p, d, w, c) &&
+                 decode_warps_split_heads(w.units, w.units / kHeadsSplitWarps, d.splitkeys_slots, d.heads_slots,
+                                          d.sms)) {  // D-32
+        c.kernel = Kernel::heads;
+      } else if (serves_persistent(p, d, c) &&
+                 (c.persistent_ctas = persistent_decode_ctas(w.units, d.splitkeys_slots, d.persistent_slots,
+                                                             /*forced=*/false, p.paged)) > 0) {  // D-28
+        c.kernel = Kernel::persistent;
+      } else {
+        c.kernel = Kernel::splitkeys;
+      }
+      return true;
+    }
+    case Kernel::splitkeys:
+      c.kernel = Kernel::splitkeys;
+      return true;
+    case Kernel::deep:
+      if (!serves_deep(p, d)) return false;
+      plan_deep_pipeline(p, d, w, requested, c);  // its split count where its plan applies
+      c.deep_pipeline = true;
+      c.kernel = Kernel::deep;
+      return true;
+    case Kernel::dims:
+      plan_deep_pipeline(p, d, w, requested, c);
+      c.kernel = Kernel::dims;
+      return serves_dims(d, c.num_splits);
+    case Kernel::heads:
+      c.kernel = Kernel::heads;
+      return serves_heads(p, d, w, c);
+    case Kernel::persistent:
+      c.kernel = Kernel::persistent;
+      c.persistent_ctas = persistent_decode_ctas(w.units, d.splitkeys_slots, d.persistent_slots, /*forced=*/true,
+                                                 p.paged);
+      return serves_persistent(p, d, c) && c.persistent_ctas > 0;
+    default:  // a prefill kernel
+      return false;
+  }
+}
+
+void choose_decode(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
+                   KernelChoice& c) {
+  KernelChoice trial = c;
+  if (forced != Kernel::automatic && choose_decode_kernel(p, d, w, requested, forced, trial)) {
+    c = trial;
+    return;
+  }
+  choose_decode_kernel(p, d, w, requested, Kernel::automatic, c);
+}
+
+// ---- prefill -----------------------------------------------------------------------------------
+
+WgmmaTile wgmma_tile_for(const Problem& p, int served_head_dim, WgmmaTile forced) {
+  const bool narrow96_compiled = served_head_dim == 64;
+  const bool narrow_compiled = served_head_dim <= 128;
+  if (forced == WgmmaTile::narrow96 && narrow96_compiled) return WgmmaTile::narrow96;
+  if (forced == WgmmaTile::narrow && narrow_compiled) return WgmmaTile::narrow;
+  if (forced == WgmmaTile::wide) return WgmmaTile::wide;
+  if (narrow96_compiled && keys_suit_96_key_tile(p.seqlen_k)) return WgmmaTile::narrow96;  // D-5
+  return narrow_compiled ? WgmmaTile::narrow : WgmmaTile::wide;                             // D-2
+}
+
+void choose_prefill(const Problem& p, const AttentionOptions& options, const DeviceFacts& d, const Work& w,
+                    const KernelOverride& o, KernelChoice& c) {
+  const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma;  // D-1
+  c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
+  if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
+  constexpr int64_t kMaxGridYZ = 65535;  // heavy first puts the query tiles in grid z
+  bool heavy = false;
+  switch (o.tile_order) {
+    case TileOrder::heavy_first: heavy = w.query_tiles > 1; break;
+    case TileOrder::per_unit: heavy = false; break;
+    default: {
+      const int window_right = options.causal ? 0 : options.window_right;  // causal: right window 0
+      heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles);  // D-6
+    }
+  }
+  c.heavy_tiles_first = heavy && w.query_tiles <= kMaxGridYZ;
+}
+
+}  // namespace
+
+int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits) {
+  if (work_tiles <= 0 || processors <= 0 || key_tiles <= 1) return 1;
+  if (work_tiles >= kSplitFillFraction * processors) return 1;
+  max_splits = std::min({max_splits, processors, key_tiles});
+  // A split count is worth considering only if it changes the tiles per split.
+  auto eligible = [&](int s) { return s == 1 || ceil_div(key_tiles, s) != ceil_div(key_tiles, s - 1); };
+  auto efficiency = [&](int s) {
+    const double waves = double(work_tiles) * s / processors;
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (eligible(s)) best = std::max(best, efficiency(s));
+  }
+  for (int s = 1; s <= max_splits; ++s) {
+    if (eligible(s) && efficiency(s) >= kSplitEfficiencyFraction * best) return s;
+  }
+  return 1;
+}
+
+bool should_pack_gqa(int seqlen_q, int heads, int heads_k) {
+  return heads > heads_k && seqlen_q <= kPackGqaMaxSeqlenQ;
+}
+
+KernelChoice choose_kernel(const Problem& p, const AttentionOptions& options, int requested_splits,
+                           const DeviceFacts& device, const KernelOverride& override_) {
+  KernelChoice c;
+  c.pack_gqa = should_pack_gqa(p.seqlen_q, p.heads, p.heads_k);
+  const Work w = work_of(p, c.pack_gqa);
+  c.num_splits = planned_splits(p, w, requested_splits, device.processors);
+  c.programmatic_launch = override_.programmatic_launch;
+  if (device.device == Device::cpu) {
+    c.kernel = Kernel::cpu;
+    return c;
+  }
+  if (w.decode_tile()) {
+    choose_decode(p, device, w, requested_splits, override_.kernel, c);
+    c.cluster_combine = device.sm90 && override_.cluster_combine && c.num_splits >= 2 &&
+                        c.num_splits <= kMaxClusterSplits;  // D-34
+  } else {
+    choose_prefill(p, options, device, w, override_, c);
+  }
+  return c;
+}
+
+}  // namespace flashattn

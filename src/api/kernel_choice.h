@@ -1,0 +1,53 @@
+// The kernel choice: which kernel runs a call, with which tile, over how many splits. One pure
+// host function of the problem, the device's properties and the override (tests and timing),
+// unit-tested on the CPU (tests/cpu/test_kernel_choice.cpp). The rules it applies are
+// common/tuning.h; docs/ARCHITECTURE.md has them as a table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "api/validate.h"
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+// What the choice needs to know of the device that runs the call (api/plan.cpp device_facts).
+struct DeviceFacts {
+  Device device = Device::cpu;
+  int processors = 1;        // what the split heuristic counts: CPU threads, or SMs x kCtasPerSm
+  int sms = 0;               // CUDA multiprocessors
+  bool sm90 = false;         // compute capability 9.0 with the sm_90a kernels compiled in
+  int served_head_dim = 0;   // CUDA: the compiled instance that runs this head dim (>= it)
+  // CUDA: CTAs resident at once of the decode kernels of that instance, for the call's K/V
+  // layout (0: the kernel is not compiled for it).
+  int64_t splitkeys_slots = 0, persistent_slots = 0, heads_slots = 0;
+};
+
+struct KernelChoice {
+  Kernel kernel = Kernel::cpu;
+  bool deep_pipeline = false;     // splitkeys/dims: the deep K/V pipeline (Kernel::deep is its keys split)
+  WgmmaTile wgmma_tile = WgmmaTile::automatic;  // wgmma: wide, narrow or narrow96
+  int num_splits = 1;
+  bool pack_gqa = false;
+  bool heavy_tiles_first = false;  // prefill grid: query tiles heaviest first across units
+  bool cluster_combine = false;    // split decode: merge the splits inside a cluster (where it fits)
+  int64_t persistent_ctas = 0;     // persistent: the grid's CTAs
+  bool programmatic_launch = true; // decode, combine, append: launch as programmatic dependents
+};
+
+// FlashAttention-2's wave-efficiency heuristic. work_tiles: CTAs without splitting;
+// processors: DeviceFacts::processors; key_tiles: K/V tiles of the longest sequence.
+int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits);
+
+bool should_pack_gqa(int seqlen_q, int heads, int heads_k);
+
+// A FLASHATTN_KERNEL value as kernel_override_from_env reads it (api/kernel_override.cpp).
+KernelOverride parse_kernel_override(const std::string& value);
+
+// options: the call's mask (causal, window) orders the prefill tiles; requested_splits: 0 = the
+// heuristic, n = n splits (at most kMaxSplits).
+KernelChoice choose_kernel(const Problem& p, const AttentionOptions& options, int requested_splits,
+                           const DeviceFacts& device, const KernelOverride& override_);
+
+}  // namespace flashattn

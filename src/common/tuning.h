@@ -1,0 +1,128 @@
+// Tuning: the measured heuristics that choose how a problem is cut into work and which CUDA
+// kernel runs it. None of this changes a result (common/rules.h holds the semantics); each rule
+// was measured on an H200 and cites its entry in docs/DECISIONS.md. src/api/kernel_choice.cpp is
+// the one place that applies them.
+#pragma once
+
+#include <cstdint>
+
+#include "common/rules.h"
+
+namespace flashattn {
+
+// ---- split-KV and GQA packing (both backends) ---------------------------------------------------
+
+// GQA packing pays when a query tile would otherwise be mostly empty (FlashAttention-2's rule).
+constexpr int kPackGqaMaxSeqlenQ = 64;
+// FlashAttention-2's split heuristic: with work for >= 80% of the processors, do not split; else
+// take the fewest splits whose wave efficiency is within 85% of the best.
+constexpr double kSplitFillFraction = 0.8;
+constexpr double kSplitEfficiencyFraction = 0.85;
+// CUDA: split-KV CTAs per SM that the heuristic counts, as FlashAttention-2 (D-15: counting the
+// decode kernel's three measured no faster).
+constexpr int kCtasPerSm = 2;
+
+// ---- decode (at most 16 query rows per unit) ----------------------------------------------------
+
+// The deep pipeline (five K/V stages, one CTA per SM) for contiguous decode tiles with units for
+// fewer than a quarter of the SMs whose default plan splits into walks of at most 16 key tiles:
+// batch 1 gains 3-7% (D-16). Its split count is FlashAttention-2's heuristic over the SMs.
+constexpr int kDeepDecodeMaxTiles = 16;
+constexpr double kDeepFewUnitsFraction = 0.25;
+// ... but where that leaves walks shorter than three tiles the default pipeline runs them at the
+// same split count: 0.3-0.5 us faster at 1 x 2k and 2 x 1k (D-17).
+constexpr int kDeepDecodeMinTiles = 3;
+// The deep pipeline is compiled for head dims up to this one (five stages fit sm_90's shared
+// memory there): a capability, not a preference.
+constexpr int kDeepDecodeMaxHeadDim = 128;
+
+// The warps of a split decode tile split the head dim instead of the keys where each split walks
+// at most this many key tiles (counted in splitkv_block_n units): the merge it saves is a large
+// share of a short walk; 1 x 1k went from 0.90 to 0.97 of cuDNN's speed, 1 x 16k would lose (D-19).
+constexpr int kSplitDimsMaxTiles = 4;
+inline bool decode_warps_split_dims(int num_splits, int seqlen_k, int head_dim) {
+  if (num_splits < 2) return false;  // the split-dims kernel writes split partials only
+  const int unit = splitkv_block_n(head_dim);
+  const int64_t key_tiles = seqlen_k > 0 ? (int64_t(seqlen_k) + unit - 1) / unit : 1;
+  const int64_t tiles_per_split = (key_tiles + num_splits - 1) / num_splits;
+  return tiles_per_split <= kSplitDimsMaxTiles;
+}
+
+// sm_90: 2..kMaxClusterSplits splits of a decode unit merge inside one thread-block cluster;
+// larger clusters constrain placement and measured slower than the combine kernel (D-34).
+constexpr int kMaxClusterSplits = 4;
+
+// The share of slots x waves (or rounds) that units fill.
+inline double wave_fill(int64_t units, int64_t slots) {
+  const int64_t waves = (units + slots - 1) / slots;
+  return double(units) / double(waves * slots);
+}
+
+// The persistent decode grid (unsplit decode tiles; persistent_decode_kernel.h) where the default
+// grid needs more than one wave and the persistent rounds fill the slots better by at least
+// these margins: 2-10% faster at batch 50-64 x 1k-4k (D-28).
+constexpr double kPersistentDecodeMinFillGain = 0.1;
+constexpr double kPersistentDecodeMinFillGainPaged = 0.2;
+// A last round at most this full spreads the units over fewer CTAs: batch 50 x 1k 3.5% faster (D-30).
+constexpr double kPersistentDecodeBalanceBelow = 0.75;
+// The CTAs of the persistent grid, or 0 for the default grid of one CTA per unit.
+// default_slots / persistent_slots: each kernel's CTAs resident at once. forced (tests and
+// timing): about three units per CTA whatever the grid.
+inline int64_t persistent_decode_ctas(int64_t units, int64_t default_slots, int64_t persistent_slots, bool forced,
+                                      bool paged) {
+  if (units <= 0 || default_slots <= 0 || persistent_slots <= 0) return 0;
+  if (forced) {
+    const int64_t ctas = (units + 2) / 3;
+    return ctas < persistent_slots ? ctas : persistent_slots;
+  }
+  if (units <= default_slots) return 0;  // one wave: every unit runs at once either way
+  const double min_gain = paged ? kPersistentDecodeMinFillGainPaged : kPersistentDecodeMinFillGain;
+  const bool fuller = wave_fill(units, persistent_slots) >= wave_fill(units, default_slots) + min_gain;
+  if (!fuller) return 0;
+  const int64_t rounds = (units + persistent_slots - 1) / persistent_slots;
+  const int64_t last_round = units - (rounds - 1) * persistent_slots;
+  if (double(last_round) > kPersistentDecodeBalanceBelow * double(persistent_slots)) {
+    return units < persistent_slots ? units : persistent_slots;
+  }
+  return (units + rounds - 1) / rounds;  // as many rounds over as few CTAs as take the units
+}
+
+// The persistent grid launches in clusters of two consecutive CTAs (placement only) where it
+// takes every slot: batch 128 x 1k 1-2 us faster; fewer CTAs than slots lost 1.5% (D-31).
+constexpr int kPersistentDecodeClusterCtas = 2;
+inline bool persistent_decode_in_clusters(int64_t ctas, int64_t slots) {
+  return ctas > 0 && ctas == slots && ctas % kPersistentDecodeClusterCtas == 0;
+}
+
+// The heads-split decode kernel (each warp one unit whole, no merge) where the default grid needs
+// more than one wave and the heads-split grid (ctas = units / 4) is one wave lying evenly on the
+// SMs: one layer of at most a CTA per SM, or layers filled to at least kSplitHeadsMinLayerFill;
+// 1.5-6% faster at batch 50-66 and 111-132 x 8 KV heads, 6.5% slower at 96 (0.73 fill) (D-32).
+constexpr double kSplitHeadsMinLayerFill = 0.84;
+inline bool decode_warps_split_heads(int64_t units, int64_t ctas, int64_t default_slots, int64_t heads_slots,
+                                     int64_t sms) {
+  if (ctas <= 0 || heads_slots <= 0) return false;
+  if (units <= default_slots || ctas > heads_slots || sms <= 0) return false;
+  const int64_t layers = (ctas + sms - 1) / sms;
+  return layers == 1 || double(ctas) >= kSplitHeadsMinLayerFill * double(layers * sms);
+}
+
+// ---- prefill (more than 64 query rows per unit) ----------------------------------------------
+
+// sm_90, d = 64: the 96-key wgmma tile unless it pads the keys by over 5% more than the 64-key
+// tile: 4-12% faster from 1024 keys, 3% slower at 512 (D-5).
+inline bool keys_suit_96_key_tile(int seqlen_k) {
+  const int64_t padded96 = (int64_t(seqlen_k) + 95) / 96 * 96;
+  const int64_t padded64 = (int64_t(seqlen_k) + 63) / 64 * 64;
+  return padded96 * 100 <= padded64 * 105;
+}
+
+// Query tiles start heaviest first across all units where a tile's walk grows with its rows
+// (causal, or a right window alone): +3-10% at d = 128/256 causal; without a mask the unit-by-unit
+// order keeps a unit's K/V shared in L2 (heavy first lost 5-11% there) (D-6).
+inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles) {
+  const bool walk_grows_with_rows = window_right >= 0 && window_left < 0;
+  return walk_grows_with_rows && query_tiles > 1;
+}
+
+}  // namespace flashattn
