@@ -98,6 +98,20 @@ def _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, ca
                        num_splits, _x(workspace), _stream(q), _num_threads())
 
 
+def _graph_workspace(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
+                     causal, left, right, softcap, rotary_interleaved, num_splits):
+    """Scratch for a flash_attn_with_kvcache call being captured into a CUDA graph
+    (mode="reduce-overhead"): from torch's allocator, i.e. the graph's memory pool, of the size
+    the planner gives."""
+    plan = _C.plan_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos),
+                           _x(rotary_sin), _x(cache_seqlens), _x(cache_batch_idx),
+                           _x(cache_leftpad), _x(block_table), _x(alibi_slopes), softmax_scale,
+                           causal, left, right, softcap, rotary_interleaved, num_splits)
+    workspace_bytes = plan[2]  # (num_splits, pack_gqa, workspace_bytes, ...)
+    return torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
+
+
 def _dense_shapes(q, v):
     """(out shape, lse rows shape) of flash_attn_func and flash_attn_with_kvcache."""
     b, sq, h, _ = q.shape
@@ -168,14 +182,10 @@ def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  workspace: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q, v_cache, _dense_shapes, return_lse)
     if workspace is None and q.is_cuda and torch.cuda.is_current_stream_capturing():
-        # Captured into a CUDA graph (mode="reduce-overhead"): the scratch comes from torch's
-        # allocator, i.e. from the graph's memory pool, sized by the planner.
-        _, _, nbytes = _C.plan_kvcache(
-            _x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
-            _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
-            _x(alibi_slopes), softmax_scale, causal, window_left, window_right, softcap,
-            rotary_interleaved, num_splits)
-        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        workspace = _graph_workspace(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                     alibi_slopes, softmax_scale, causal, window_left,
+                                     window_right, softcap, rotary_interleaved, num_splits)
     _run_kvcache(q, k_cache, v_cache, out, lse if return_lse else None, k, v, rotary_cos,
                  rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                  alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,

@@ -163,6 +163,18 @@ def test_fake_shapes():
         assert out.shape == (2, 3, 4, 32) and lse.shape == (2, 4, 3)
 
 
+def test_graph_workspace_has_the_planned_size():
+    """The scratch the kvcache op takes from torch while a CUDA graph is captured (that branch
+    runs only on CUDA; its sizing is checked here)."""
+    x = make_inputs()
+    args = (x["q"], x["k_cache"], x["v_cache"], x["k_new"], x["v_new"], None, None,
+            x["cache_seqlens"], None, None, None, None, None, True, -1, -1, 0.0, True, 4)
+    ws = flashattn._torch_ops._graph_workspace(*args)
+    plan = flashattn.plan_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k_new"], x["v_new"],
+                                  cache_seqlens=x["cache_seqlens"], causal=True, num_splits=4)
+    assert ws.dtype == torch.uint8 and ws.numel() == plan.workspace_bytes
+
+
 # ---- eager torch path -------------------------------------------------------------------------
 
 def test_eager_matches_numpy_path():
