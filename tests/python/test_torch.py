@@ -291,7 +291,10 @@ def test_compile_cuda(mode, dtype):
     require_instance(dtype, 64)
     counters.clear()
     x = make_inputs(device="cuda", dtype=dtype)
-    run_compiled_and_eager(x, {} if mode is None else dict(mode=mode), steps=4)
+    # torch's default tolerances for the dtype (inductor may round the elementwise work fused
+    # around the ops differently); the caches are still compared exactly
+    run_compiled_and_eager(x, {} if mode is None else dict(mode=mode), steps=4, atol=None,
+                           rtol=None)
     if mode == "reduce-overhead":
         assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
 
