@@ -176,12 +176,36 @@ def assert_same_tokens(got, want, want_scores, tie):
 def test_generate_matches_sdpa(device, dtype, cache):
     ref, ours = models(llama_config(), "sdpa", device, dtype)
     ids, mask = batch("left", device)
-    kwargs = {"cache_implementation": "static"} if cache == "static" else {}
+    # transformers compiles the forward of a static-cache generate on CUDA: not here (below)
+    kwargs = {"cache_implementation": "static", "disable_compile": True} if cache == "static" else {}
     want, want_scores = greedy(ref, ids, mask, **kwargs)
     got, _ = greedy(ours, ids, mask, **kwargs)
     assert_same_tokens(got, want, want_scores, tie=1e-4 if dtype == torch.float32 else 0.1)
     if dtype == torch.float32:
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
+def test_generate_compiled(device, dtype):
+    """A static-cache generate() with transformers' compiled forward (its default on CUDA,
+    forced on CPU): the flashattn ops inside the compiled model; the unpadding breaks the graph
+    there, as it does for flash_attention_2."""
+    from torch._dynamo.utils import counters
+
+    ref, ours = models(llama_config(), "sdpa", device, dtype)
+    ids, mask = batch("left", device)
+    want, want_scores = greedy(ref, ids, mask, cache_implementation="static", disable_compile=True)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_config = transformers.CompileConfig()
+    compile_config._compile_all_devices = True
+    try:
+        got, _ = greedy(ours, ids, mask, cache_implementation="static",
+                        compile_config=compile_config)
+    finally:
+        torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] > 0, "generate() did not compile the forward"
+    assert_same_tokens(got, want, want_scores, tie=1e-4 if dtype == torch.float32 else 0.1)
 
 
 # ---- packed (padding-free) batch, sliding window and softcap ------------------------------------
