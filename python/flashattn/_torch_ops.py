@@ -70,10 +70,6 @@ def _eager(q) -> bool:
     return type(q) is torch.Tensor and not torch.compiler.is_compiling()
 
 
-def _lse_shape(rows_shape, return_lse):
-    return rows_shape if return_lse else _NO_LSE
-
-
 def _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, left, right, softcap):
     _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes), softmax_scale, causal,
                left, right, softcap, _stream(q), _num_threads())
@@ -123,11 +119,17 @@ def _varlen_shapes(q, v):
     return (total_q, h, v.shape[-1]), (h, total_q)
 
 
-def _empty_outputs(q, v, shapes, return_lse):
+def _allocate(q, v, shapes, return_lse, out=None):
+    """(out, softmax_lse): out= or a new tensor like q; lse (float32) when asked for, else None."""
     out_shape, lse_shape = shapes(q, v)
-    out = q.new_empty(out_shape)
-    lse = q.new_empty(_lse_shape(lse_shape, return_lse), dtype=torch.float32)
+    out = q.new_empty(out_shape) if out is None else out
+    lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
     return out, lse
+
+
+def _op_outputs(out, lse, q):
+    """An op returns tensors only: softmax_lse not asked for is an empty (0,) tensor."""
+    return out, (q.new_empty(_NO_LSE, dtype=torch.float32) if lse is None else lse)
 
 
 # ---- the ops ------------------------------------------------------------------------------------
@@ -136,16 +138,16 @@ def _empty_outputs(q, v, shapes, return_lse):
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
          softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
          softcap: float, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _empty_outputs(q, v, _dense_shapes, return_lse)
-    _run_dense(q, k, v, out, lse if return_lse else None, alibi_slopes, softmax_scale, causal,
-               window_left, window_right, softcap)
-    return out, lse
+    out, lse = _allocate(q, v, _dense_shapes, return_lse)
+    _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, window_left, window_right,
+               softcap)
+    return _op_outputs(out, lse, q)
 
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,
               return_lse):
-    return _empty_outputs(q, v, _dense_shapes, return_lse)
+    return _op_outputs(*_allocate(q, v, _dense_shapes, return_lse), q)
 
 
 @torch.library.custom_op("flashattn::fwd_varlen", mutates_args=())
@@ -156,21 +158,22 @@ def _fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 softmax_scale: Optional[float], causal: bool, window_left: int,
                 window_right: int, softcap: float,
                 return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _empty_outputs(q, v, _varlen_shapes, return_lse)
-    _run_varlen(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k,
-                max_seqlen_q, max_seqlen_k, seqused_k, leftpad_k, block_table, alibi_slopes,
-                softmax_scale, causal, window_left, window_right, softcap)
-    return out, lse
+    out, lse = _allocate(q, v, _varlen_shapes, return_lse)
+    _run_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale, causal,
+                window_left, window_right, softcap)
+    return _op_outputs(out, lse, q)
 
 
 @_fwd_varlen.register_fake
 def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                      leftpad_k, block_table, alibi_slopes, softmax_scale, causal, window_left,
                      window_right, softcap, return_lse):
-    return _empty_outputs(q, v, _varlen_shapes, return_lse)
+    return _op_outputs(*_allocate(q, v, _varlen_shapes, return_lse), q)
 
 
-@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache", "workspace"))
+@torch.library.custom_op("flashattn::fwd_kvcache",
+                         mutates_args=("k_cache", "v_cache", "workspace"))
 def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k: Optional[torch.Tensor], v: Optional[torch.Tensor],
                  rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
@@ -180,17 +183,16 @@ def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  causal: bool, window_left: int, window_right: int, softcap: float,
                  rotary_interleaved: bool, num_splits: int, return_lse: bool,
                  workspace: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _empty_outputs(q, v_cache, _dense_shapes, return_lse)
+    out, lse = _allocate(q, v_cache, _dense_shapes, return_lse)
     if workspace is None and q.is_cuda and torch.cuda.is_current_stream_capturing():
         workspace = _graph_workspace(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                      cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                      alibi_slopes, softmax_scale, causal, window_left,
                                      window_right, softcap, rotary_interleaved, num_splits)
-    _run_kvcache(q, k_cache, v_cache, out, lse if return_lse else None, k, v, rotary_cos,
-                 rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                 alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,
-                 rotary_interleaved, num_splits, workspace)
-    return out, lse
+    _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale, causal,
+                 window_left, window_right, softcap, rotary_interleaved, num_splits, workspace)
+    return _op_outputs(out, lse, q)
 
 
 @_fwd_kvcache.register_fake
@@ -198,10 +200,10 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
                       causal, window_left, window_right, softcap, rotary_interleaved, num_splits,
                       return_lse, workspace):
-    return _empty_outputs(q, v_cache, _dense_shapes, return_lse)
+    return _op_outputs(*_allocate(q, v_cache, _dense_shapes, return_lse), q)
 
 
-# ---- what flashattn.interface calls for torch tensors ---------------------------------------------
+# ---- what flashattn.interface calls for torch tensors -----------------------------------------
 # Arguments are already normalised (window split into left/right, floats and bools); each returns
 # (out, softmax_lse or None).
 
@@ -216,9 +218,7 @@ def _into(out, result):
 def dense(q, k, v, out, alibi_slopes, softmax_scale, causal, left, right, softcap, return_lse):
     refuse_grad(q, k, v, alibi_slopes)
     if _eager(q):
-        out_shape, lse_shape = _dense_shapes(q, v)
-        out = q.new_empty(out_shape) if out is None else out
-        lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
+        out, lse = _allocate(q, v, _dense_shapes, return_lse, out)
         _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, left, right, softcap)
         return out, lse
     result, lse = _fwd(q, k, v, alibi_slopes, softmax_scale, causal, left, right, softcap,
@@ -231,9 +231,7 @@ def varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
            return_lse):
     refuse_grad(q, k, v, alibi_slopes)
     if _eager(q):
-        out_shape, lse_shape = _varlen_shapes(q, v)
-        out = q.new_empty(out_shape) if out is None else out
-        lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
+        out, lse = _allocate(q, v, _varlen_shapes, return_lse, out)
         _run_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale, causal, left,
                     right, softcap)
@@ -252,9 +250,7 @@ def kvcache(q, k_cache, v_cache, out, k, v, rotary_cos, rotary_sin, cache_seqlen
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
     if _eager(q):
-        out_shape, lse_shape = _dense_shapes(q, v_cache)
-        out = q.new_empty(out_shape) if out is None else out
-        lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
+        out, lse = _allocate(q, v_cache, _dense_shapes, return_lse, out)
         _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, cache_seqlens,
                      cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
                      causal, left, right, softcap, rotary_interleaved, num_splits, workspace)

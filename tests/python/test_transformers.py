@@ -15,7 +15,8 @@ import flashattn
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-if not all(hasattr(transformers, name) for name in ("AttentionInterface", "AttentionMaskInterface")):
+if not all(hasattr(transformers, name)
+           for name in ("AttentionInterface", "AttentionMaskInterface")):
     pytest.skip(f"transformers {transformers.__version__} has no AttentionInterface / "
                 "AttentionMaskInterface", allow_module_level=True)
 from flashattn.integrations import transformers as fa_hf  # noqa: E402  registers "flashattn"
@@ -106,7 +107,8 @@ def assert_logits_close(ours, ref, exact, valid, dtype):
     scale = exact.abs().max().item()
     if dtype == torch.float32:
         err = (ours - ref).abs().max().item()
-        assert err <= 1e-5 * scale, f"max |flashattn - reference| {err:.3g} (logits up to {scale:.3g})"
+        assert err <= 1e-5 * scale, \
+            f"max |flashattn - reference| {err:.3g} (logits up to {scale:.3g})"
         return
     err, ref_err = ((x - exact).abs().max().item() for x in (ours, ref))
     bound = 2 * ref_err + 1e-2 * scale
@@ -142,9 +144,9 @@ def test_prefill_matches_sdpa(device, dtype, padding, calls):
                   else {"flash_attn_func": 0, "flash_attn_varlen_func": layers})
     assert calls == want_calls
     valid = mask.bool()
-    assert_logits_close(got, logits(ref, ids, mask), exact_logits(config, "sdpa", device, ids, mask),
-                        valid, dtype)
-    if padding != "none":  # the padded query rows are zeros before o_proj, as with flash_attention_2
+    exact = exact_logits(config, "sdpa", device, ids, mask)
+    assert_logits_close(got, logits(ref, ids, mask), exact, valid, dtype)
+    if padding != "none":  # padded query rows: zeros before o_proj (as flash_attention_2)
         assert torch.isfinite(got).all()
 
 
@@ -177,7 +179,8 @@ def test_generate_matches_sdpa(device, dtype, cache):
     ref, ours = models(llama_config(), "sdpa", device, dtype)
     ids, mask = batch("left", device)
     # transformers compiles the forward of a static-cache generate on CUDA: not here (below)
-    kwargs = {"cache_implementation": "static", "disable_compile": True} if cache == "static" else {}
+    kwargs = ({"cache_implementation": "static", "disable_compile": True} if cache == "static"
+              else {})
     want, want_scores = greedy(ref, ids, mask, **kwargs)
     got, _ = greedy(ours, ids, mask, **kwargs)
     assert_same_tokens(got, want, want_scores, tie=1e-4 if dtype == torch.float32 else 0.1)

@@ -1,6 +1,6 @@
 """Hugging Face transformers: flashattn as ``attn_implementation="flashattn"``.
 
-    import flashattn.integrations.transformers        # registers "flashattn" (register() again is a no-op)
+    import flashattn.integrations.transformers   # registers "flashattn" (again: register())
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flashattn")
 
 What is registered:
@@ -65,7 +65,7 @@ def _window(sliding_window):
 
 
 def _autocast(q, k, v):
-    """float32 states under CUDA autocast run in the autocast dtype (flash kernels are fp16/bf16)."""
+    """float32 states under CUDA autocast run in the autocast dtype (CUDA kernels: fp16/bf16)."""
     if q.dtype == torch.float32 and q.is_cuda and torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
         return q.to(dtype), k.to(dtype), v.to(dtype)
