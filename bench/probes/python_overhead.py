@@ -2,7 +2,7 @@
 """Host time of one eager call of each flash_attn-style function on tiny torch tensors (b = 1,
 one query row: the work is negligible, the Python and dispatch path is what is timed).
 
-    python3 bench/python_overhead.py [--device cpu|cuda] [--calls 2000] [--repeats 15]
+    python3 bench/probes/python_overhead.py [--device cpu|cuda] [--calls 2000] [--repeats 15]
 
 Prints, per function, the median (and the minimum) over `repeats` runs of (time of `calls` calls)
 / calls, in us.
