@@ -5,6 +5,8 @@ The calls mirror flash_attn v2.8 (``flash_attn_func``, ``flash_attn_varlen_func`
 (CPU and CUDA), CuPy and JAX (CUDA). See ``flashattn.interface`` for the differences from
 flash_attn and ``flashattn._frameworks`` for how outputs, streams and JAX are handled.
 """
+import sys
+
 from . import _C, interface
 from .interface import (
     KVCachePlan,
@@ -33,5 +35,8 @@ def build_info() -> str:
     """Version, backends, compiled head dims and dtypes of the C++ library."""
     return _C.build_info()
 
+
+if "torch" in sys.modules:  # register the torch custom ops now; else on the first torch call
+    interface._torch_ops()
 
 __all__ = interface.__all__ + ["cuda_available", "build_info"]

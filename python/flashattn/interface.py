@@ -14,6 +14,9 @@ Same function names, argument names, defaults and return conventions as ``flash_
   takes ``seqused_k=`` and ``leftpad_k=``.
 * A row that sees no key has output 0 and LSE -inf (flash_attn writes +inf).
 
+torch tensors go through flashattn._torch_ops (torch custom ops, for torch.compile and CUDA
+graphs); other frameworks through flashattn._frameworks.
+
 Errors of the C++ library keep their message: ValueError (invalid argument), TypeError (dtype
 or tensor type), NotImplementedError (valid but not supported by this build), RuntimeError
 (backend failure).
@@ -127,7 +130,7 @@ def _shape(x, name, ndims):
     shape = getattr(x, "shape", None)
     if shape is None:
         raise TypeError(f"{name}: expected a tensor, got {type(x).__name__} ({x!r})")
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(shape)  # no int(): a torch.compile trace keeps symbolic sizes symbolic
     if len(shape) not in ndims:
         want = " or ".join(str(n) for n in ndims)
         raise ValueError(f"{name}: must have {want} dimensions, got shape {shape}")
@@ -154,6 +157,25 @@ def _w(x):
     return to_extension(x)
 
 
+# ---- torch tensors go through flashattn._torch_ops (torch custom ops for torch.compile) ---------
+
+_torch_ops_module = None
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _torch_ops():
+    """flashattn._torch_ops, imported on first use (importing flashattn never imports torch)."""
+    global _torch_ops_module
+    if _torch_ops_module is None:
+        from . import _torch_ops
+
+        _torch_ops_module = _torch_ops
+    return _torch_ops_module
+
+
 # ---- dense --------------------------------------------------------------------------------------
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -168,12 +190,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     b, sq, h, _ = _shape(q, "q", (4,))
     _shape(k, "k", (4,))
     dv = _shape(v, "v", (4,))[-1]
-    scale, softcap = _scale(softmax_scale), _float(softcap, "softcap")
+    scale, softcap, causal = _scale(softmax_scale), _float(softcap, "softcap"), _flag(causal, "causal")
+    if _is_torch(q):
+        out, lse = _torch_ops().dense(q, k, v, out, alibi_slopes, scale, causal, left, right,
+                                      softcap, bool(return_attn_probs))
+        return (out, lse, None) if return_attn_probs else out
     ctx = Context(q)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
     _C.forward(_x(q), _x(k), _x(v), _w(out), _w(lse), _x(alibi_slopes),
-               scale, _flag(causal, "causal"), left, right, softcap, ctx.stream(), _num_threads)
+               scale, causal, left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -224,14 +250,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _shape(cu_seqlens_k, "cu_seqlens_k", (1,))
     max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q", 0, _INT32_MAX)
     max_seqlen_k = _int(max_seqlen_k, "max_seqlen_k", 0, _INT32_MAX)
-    scale, softcap = _scale(softmax_scale), _float(softcap, "softcap")
+    scale, softcap, causal = _scale(softmax_scale), _float(softcap, "softcap"), _flag(causal, "causal")
+    if _is_torch(q):
+        out, lse = _torch_ops().varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, seqused_k, leftpad_k, block_table,
+                                       alibi_slopes, scale, causal, left, right, softcap,
+                                       bool(return_attn_probs))
+        return (out, lse, None) if return_attn_probs else out
     ctx = Context(q)
     out = _output(ctx, out, (total_q, h, dv))
     lse = ctx.empty((h, total_q), "float32") if return_attn_probs else None
     _C.forward_varlen(_x(q), _x(k), _x(v), _w(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
                       max_seqlen_q, max_seqlen_k, _x(seqused_k), _x(leftpad_k),
                       _x(block_table), _w(lse), _x(alibi_slopes), scale,
-                      _flag(causal, "causal"), left, right, softcap, ctx.stream(), _num_threads)
+                      causal, left, right, softcap, ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -268,14 +300,22 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 # ---- KV cache -----------------------------------------------------------------------------------
 
-def _cache_seqlens(ctx, cache_seqlens, batch):
-    """flash_attn accepts an int: every sequence holds that many keys."""
+def _check_cache_seqlens(cache_seqlens):
+    """flash_attn accepts an int (every sequence holds that many keys) or an int32 tensor."""
     if cache_seqlens is None or hasattr(cache_seqlens, "shape"):
-        return cache_seqlens
+        return
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
         raise TypeError("cache_seqlens: expected an int or an int32 tensor (b), got "
                         f"{type(cache_seqlens).__name__}")
-    return ctx.full((batch,), _int(cache_seqlens, "cache_seqlens", 0, _INT32_MAX), "int32")
+    _int(cache_seqlens, "cache_seqlens", 0, _INT32_MAX)
+
+
+def _cache_seqlens(ctx, cache_seqlens, batch):
+    """An int cache_seqlens as a tensor (b) of q's framework."""
+    _check_cache_seqlens(cache_seqlens)
+    if cache_seqlens is None or hasattr(cache_seqlens, "shape"):
+        return cache_seqlens
+    return ctx.full((batch,), cache_seqlens, "int32")
 
 
 def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -335,6 +375,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _shape(k_cache, "k_cache", (4,))
     dv = _shape(v_cache, "v_cache", (4,))[-1]
     scale, softcap, num_splits = _scale(softmax_scale), _float(softcap, "softcap"), _splits(num_splits)
+    causal, rotary_interleaved = _flag(causal, "causal"), _flag(rotary_interleaved, "rotary_interleaved")
+    if _is_torch(q):
+        _check_cache_seqlens(cache_seqlens)
+        out, lse = _torch_ops().kvcache(q, k_cache, v_cache, out, k, v, rotary_cos, rotary_sin,
+                                        cache_seqlens, cache_batch_idx, cache_leftpad,
+                                        block_table, alibi_slopes, scale, causal, left, right,
+                                        softcap, rotary_interleaved, num_splits,
+                                        bool(return_softmax_lse), workspace)
+        return (out, lse) if return_softmax_lse else out
     ctx = Context(q)
     cache_seqlens = _cache_seqlens(ctx, cache_seqlens, b)
     out = _output(ctx, out, (b, sq, h, dv))
@@ -342,8 +391,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _C.forward_kvcache(_x(q), _w(k_cache), _w(v_cache), _w(out), _x(k), _x(v),
                        _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
                        _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _w(lse),
-                       _x(alibi_slopes), scale, _flag(causal, "causal"), left, right, softcap,
-                       _flag(rotary_interleaved, "rotary_interleaved"), num_splits,
+                       _x(alibi_slopes), scale, causal, left, right, softcap,
+                       rotary_interleaved, num_splits,
                        _w(workspace), ctx.stream(), _num_threads)
     if return_softmax_lse:
         return ctx.result(out), ctx.result(lse)

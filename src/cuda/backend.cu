@@ -236,7 +236,17 @@ int resident_ctas(const void* kernel, int device_index, int threads, int smem_by
   });
 }
 
+static DeviceProperties query_device_properties(int device_index, DType dtype, int head_dim, bool paged);
+
 DeviceProperties device_properties(int device_index, DType dtype, int head_dim, bool paged) {
+  // Cached per (device, dtype, head dim, layout): the occupancy queries behind it are per kernel.
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, bool>, DeviceProperties> cache;
+  return cached(cache, mutex, std::make_tuple(device_index, int(dtype), head_dim, paged),
+                [&] { return query_device_properties(device_index, dtype, head_dim, paged); });
+}
+
+static DeviceProperties query_device_properties(int device_index, DType dtype, int head_dim, bool paged) {
   const DeviceInfo& info = device_info(device_index);
   DeviceProperties d;
   d.sms = info.sms;
