@@ -3,15 +3,18 @@
 // Work item = (batch b, unit, query tile, split), where unit is the KV head with pack_gqa
 // (tile rows are (query, head) pairs, rules.h unpack_row) and the query head without it.
 // Each item walks the key tiles (splitkv_block_n(d) keys each) visible to its rows, cut by
-// split_tiles when num_splits > 1, with an online softmax (running max m, sum l, rescaled
-// fp32 accumulator). Nothing proportional to seqlen_q x seqlen_k is ever allocated: the
-// scratch of one worker is a few tiles.
+// split_tiles when num_splits > 1, with the online softmax of SoftmaxRowState (one state per
+// row) and a rescaled fp32 accumulator. The products and the softmax row passes are the tile
+// kernels of kernels.h (AVX-512 or portable, chosen at run time). Nothing proportional to
+// seqlen_q x seqlen_k is ever allocated: the scratch of one worker is a few tiles.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "api/backend.h"
 #include "common/rules.h"
+#include "common/softmax_state.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/storage.h"
 
@@ -20,16 +23,12 @@ namespace cpu {
 namespace {
 
 // Most query rows per tile (pack_gqa: (query, head) rows); the call's tile height is
-// rules.h query_tile_rows (16, 64 or 128), as in the CUDA kernels, because a tile's visible key range,
-// and so its split-KV boundaries, depend on it. One worker's scratch (128 x 128 scores,
-// 128 x d accumulator, one K/V tile) stays within L2.
+// rules.h query_tile_rows (16, 64 or 128), as in the CUDA kernels, because a tile's visible
+// key range, and so its split-KV boundaries, depend on it. It is also the leading dimension of
+// the transposed query and score tiles. One worker's scratch (128 x d queries, 128 x 128
+// scores, 128 x d accumulator, one K and one V tile) stays within L2.
 constexpr int kBlockM = kQueryTileRows;
-// Width of the register tiles of the two products (keys for q·k, columns for p·v). 16 fp32
-// fill four SSE / two AVX registers, so an accumulator row stays in registers over the loop
-// (measured: 800x800, d=256, b=2, h=4 bf16 runs at ~40 GFLOP/s on 2 cores).
-constexpr int kVec = 16;
-
-constexpr float kNegInf = -INFINITY;
+static_assert(kBlockM % kRowLanes == 0, "tile rows pad to whole row vectors");
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 int round_up(int a, int b) { return ceil_div(a, b) * b; }
@@ -43,51 +42,62 @@ struct WorkItem {
 
 // One row of a query tile.
 struct TileRow {
-  int query;    // row i within the sequence
-  int head;     // query head
+  int query;      // row i within the sequence
+  int head;       // query head
   KeyRange keys;  // keys this row sees
-  float slope;  // ALiBi slope of the head (0 without ALiBi)
+  float slope;    // ALiBi slope of the head (0 without ALiBi)
 };
 
-// Scratch of one worker, reused across its work items.
-struct Scratch {
-  std::vector<TileRow> rows;  // (kBlockM)
-  std::vector<float> q;       // (kBlockM, d_pad)  query rows, fp32
-  std::vector<float> kt;      // (d, n_pad)        key tile transposed, zero past the last key
-  std::vector<float> v;       // (n_pad, d_pad)    value tile, zero past the last key / column
-  std::vector<float> s;       // (kBlockM, n_pad)  scores, then probabilities
-  std::vector<float> o;       // (kBlockM, d_pad)  unnormalised output accumulator
-  std::vector<float> m, l;    // (kBlockM)         running max and sum
-  std::vector<char> active;   // (kBlockM)         row has a visible key in the current tile
+// How scores become softmax exponents. Plain scores (no softcap, no ALiBi, a positive scale)
+// stay raw q.k and the scale goes into the exponent, as on the GPU; otherwise the scores are
+// turned into logits (rules.h score_transform, alibi_bias) first.
+struct ScoreUnits {
+  bool logits;       // scores are transformed into logits before the softmax
+  float scale_log2;  // exp(logit - max) == exp2((x - max) * scale_log2)
+  float raw_scale;   // logit = x * raw_scale (lse = max * raw_scale + log(sum))
 };
+
+ScoreUnits score_units(const AttnParams& p) {
+  const bool plain = p.softcap <= 0.0f && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f;
+  if (plain) return ScoreUnits{false, p.softmax_scale * kLog2e, p.softmax_scale};
+  return ScoreUnits{true, kLog2e, 1.0f};
+}
 
 // Sizes of a tile, fixed for the whole call.
 struct TileShape {
   int d;      // head dim
-  int d_pad;  // d rounded up to kVec
+  int d_pad;  // d rounded up to kRowLanes (the PV kernel's column step)
   int n;      // keys per tile (splitkv_block_n)
-  int n_pad;  // n rounded up to kVec
 };
 
 TileShape tile_shape(const AttnParams& p) {
-  TileShape t;
-  t.d = p.head_dim;
-  t.d_pad = round_up(p.head_dim, kVec);
-  t.n = splitkv_block_n(p.head_dim);
-  t.n_pad = round_up(t.n, kVec);
-  return t;
+  return TileShape{p.head_dim, round_up(p.head_dim, kRowLanes), splitkv_block_n(p.head_dim)};
 }
 
+// Scratch of one worker, reused across its work items (allocated on its first item).
+struct Scratch {
+  std::vector<TileRow> rows;           // (kBlockM)
+  std::vector<float> qt;               // (d, kBlockM)      query rows transposed, fp32
+  std::vector<float> k;                // (n, d_pad)        key tile
+  std::vector<float> v;                // (n, d_pad)        value tile, zero past column d
+  std::vector<float> st;               // (n, kBlockM)      scores, then probabilities
+  std::vector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
+  std::vector<SoftmaxRowState> state;  // (kBlockM)
+  std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
+};
+
 void allocate(Scratch& ws, const TileShape& t) {
+  if (!ws.rows.empty()) return;
   ws.rows.resize(kBlockM);
-  ws.q.assign(size_t(kBlockM) * t.d_pad, 0.0f);
-  ws.kt.assign(size_t(t.d) * t.n_pad, 0.0f);
-  ws.v.assign(size_t(t.n_pad) * t.d_pad, 0.0f);
-  ws.s.assign(size_t(kBlockM) * t.n_pad, 0.0f);
+  ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
+  ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
+  ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
+  ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
   ws.o.assign(size_t(kBlockM) * t.d_pad, 0.0f);
-  ws.m.assign(kBlockM, kNegInf);
-  ws.l.assign(kBlockM, 0.0f);
-  ws.active.assign(kBlockM, 0);
+  ws.state.assign(kBlockM, SoftmaxRowState::empty());
+  for (auto* row_vector : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
+    row_vector->assign(kBlockM, 0.0f);
+  }
 }
 
 int tile_row_count(const AttnParams& p, const SeqInfo& seq) {
@@ -133,6 +143,8 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
+// The tile's query rows into ws.qt (transposed, fp32); the padding rows up to a whole row
+// vector are zero, so that their scores are finite.
 template <typename S>
 void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
             const TileShape& t, Scratch& ws) {
@@ -140,17 +152,20 @@ void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows
   const T* q = static_cast<const T*>(p.q);
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
-    load_row<S>(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q[size_t(r) * t.d_pad]);
+    const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
+    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = S::load(q_row[c]);
   }
+  const int rows_pad = round_up(rows, kRowLanes);
+  for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
 }
 
 void init_state(int rows, const TileShape& t, Scratch& ws) {
   std::fill(ws.o.begin(), ws.o.begin() + size_t(rows) * t.d_pad, 0.0f);
-  std::fill(ws.m.begin(), ws.m.begin() + rows, kNegInf);
-  std::fill(ws.l.begin(), ws.l.begin() + rows, 0.0f);
+  std::fill(ws.state.begin(), ws.state.begin() + rows, SoftmaxRowState::empty());
 }
 
-// Keys [n0, n0 + keys) of KV head hk: K transposed into ws.kt, V into ws.v, both fp32.
+// Keys [n0, n0 + keys) of KV head hk into ws.k and ws.v (fp32, one key per row), each key's
+// row found through the page table when K/V are paged: pages are read in place.
 template <typename S>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
                   const TileShape& t, Scratch& ws) {
@@ -162,138 +177,86 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
     const T* v_row =
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    for (int c = 0; c < t.d; ++c) ws.kt[size_t(c) * t.n_pad + j] = S::load(k_row[c]);
+    load_row<S>(k_row, t.d, &ws.k[size_t(j) * t.d_pad]);
     load_row<S>(v_row, t.d, &ws.v[size_t(j) * t.d_pad]);
   }
-  // A short last tile: zero the rest so that the register tiles below read finite numbers.
-  const int keys_pad = round_up(keys, kVec);
-  for (int j = keys; j < keys_pad; ++j) {
-    for (int c = 0; c < t.d; ++c) ws.kt[size_t(c) * t.n_pad + j] = 0.0f;
-    std::fill_n(&ws.v[size_t(j) * t.d_pad], t.d_pad, 0.0f);
-  }
 }
 
-// s[r][j] = q_r · k_j for the tile, kVec keys at a time kept in registers.
-void qk(int rows, int keys, const TileShape& t, Scratch& ws) {
-  const int keys_pad = round_up(keys, kVec);
-  for (int r = 0; r < rows; ++r) {
-    const float* q_row = &ws.q[size_t(r) * t.d_pad];
-    float* s_row = &ws.s[size_t(r) * t.n_pad];
-    for (int j0 = 0; j0 < keys_pad; j0 += kVec) {
-      float acc[kVec] = {};
-      for (int c = 0; c < t.d; ++c) {
-        const float qc = q_row[c];
-        const float* k_col = &ws.kt[size_t(c) * t.n_pad + j0];
-        for (int jj = 0; jj < kVec; ++jj) acc[jj] += qc * k_col[jj];
-      }
-      for (int jj = 0; jj < kVec; ++jj) s_row[j0 + jj] = acc[jj];
-    }
-  }
-}
-
-// Scores -> logits: scale / softcap, ALiBi, and the mask for rows whose visible range does not
-// cover the whole tile (the others skip the mask).
-void score(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
-           const TileShape& t, Scratch& ws) {
-  const bool softcap = p.softcap > 0.0f;
+// Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h).
+void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys, Scratch& ws) {
   const bool alibi = p.alibi_slopes != nullptr;
-  for (int r = 0; r < rows; ++r) {
-    const TileRow& row = ws.rows[r];
-    float* s_row = &ws.s[size_t(r) * t.n_pad];
-    if (softcap) {
-      for (int j = 0; j < keys; ++j) s_row[j] = score_transform(p, s_row[j]);
-    } else {
-      const float scale = p.softmax_scale;
-      for (int j = 0; j < keys; ++j) s_row[j] *= scale;
-    }
-    if (alibi) {
-      for (int j = 0; j < keys; ++j) {
-        s_row[j] += alibi_bias(row.slope, row.query, n0 + j, seq.seqlen_q, seq.seqlen_k);
-      }
-    }
-    const bool needs_mask = row.keys.lo > n0 || row.keys.hi < n0 + keys;
-    if (needs_mask) {
-      const int lo = std::max(row.keys.lo - n0, 0);
-      const int hi = std::min(std::max(row.keys.hi - n0, 0), keys);
-      for (int j = 0; j < keys; ++j) {
-        if (j < lo || j >= hi) s_row[j] = kNegInf;
-      }
+  for (int j = 0; j < keys; ++j) {
+    float* s = &ws.st[size_t(j) * kBlockM];
+    for (int r = 0; r < rows; ++r) {
+      s[r] = score_transform(p, s[r]);
+      if (alibi) s[r] += alibi_bias(ws.rows[r].slope, ws.rows[r].query, n0 + j, seq.seqlen_q, seq.seqlen_k);
     }
   }
 }
 
-// Online softmax: new running max, rescale of l and o, probabilities in place of the logits.
-// A row with no visible key in this tile keeps its state and is marked inactive.
-void online_softmax(int rows, int keys, const TileShape& t, Scratch& ws) {
+// -inf for the keys of the tile that a row does not see (only rows whose visible range does
+// not cover the whole tile have any).
+void mask(int rows, int n0, int keys, Scratch& ws) {
   for (int r = 0; r < rows; ++r) {
-    float* s_row = &ws.s[size_t(r) * t.n_pad];
-    float tile_max = kNegInf;
-    for (int j = 0; j < keys; ++j) tile_max = std::max(tile_max, s_row[j]);
-    ws.active[r] = tile_max != kNegInf;
-    if (!ws.active[r]) continue;
-    const float m_new = std::max(ws.m[r], tile_max);
-    const float correction = std::exp(ws.m[r] - m_new);  // 0 on the first visible tile
-    float sum = 0.0f;
-    for (int j = 0; j < keys; ++j) {
-      s_row[j] = std::exp(s_row[j] - m_new);
-      sum += s_row[j];
-    }
-    ws.m[r] = m_new;
-    ws.l[r] = ws.l[r] * correction + sum;
-    if (correction != 1.0f) {
-      float* o_row = &ws.o[size_t(r) * t.d_pad];
-      for (int c = 0; c < t.d_pad; ++c) o_row[c] *= correction;
-    }
+    const KeyRange& visible = ws.rows[r].keys;
+    const int lo = std::min(std::max(visible.lo - n0, 0), keys);
+    const int hi = std::max(std::min(visible.hi - n0, keys), lo);
+    for (int j = 0; j < lo; ++j) ws.st[size_t(j) * kBlockM + r] = -INFINITY;
+    for (int j = hi; j < keys; ++j) ws.st[size_t(j) * kBlockM + r] = -INFINITY;
   }
 }
 
-// o[r] += sum_j p[r][j] v_j, kVec columns at a time kept in registers.
-void pv(int rows, int keys, const TileShape& t, Scratch& ws) {
+// One online-softmax step over the tile: each row's state takes the tile's max (raise_max),
+// the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum,
+// and the accumulator rows are rescaled where the max moved. A row with a NaN score gets a NaN
+// sum (and so a NaN output); a row without a visible key keeps max -inf and sum 0.
+void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, int keys,
+                    const TileShape& t, Scratch& ws) {
+  const int rows_pad = round_up(rows, kRowLanes);
+  kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
+  bool rescale = false;
   for (int r = 0; r < rows; ++r) {
-    if (!ws.active[r]) continue;
-    const float* p_row = &ws.s[size_t(r) * t.n_pad];
-    float* o_row = &ws.o[size_t(r) * t.d_pad];
-    for (int c0 = 0; c0 < t.d_pad; c0 += kVec) {
-      float acc[kVec];
-      for (int cc = 0; cc < kVec; ++cc) acc[cc] = o_row[c0 + cc];
-      for (int j = 0; j < keys; ++j) {
-        const float pj = p_row[j];
-        const float* v_row = &ws.v[size_t(j) * t.d_pad + c0];
-        for (int cc = 0; cc < kVec; ++cc) acc[cc] += pj * v_row[cc];
-      }
-      for (int cc = 0; cc < kVec; ++cc) o_row[c0 + cc] = acc[cc];
-    }
+    SoftmaxRowState& state = ws.state[r];
+    ws.correction[r] = state.raise_max(std::max(state.max, ws.tile_max[r]), units.scale_log2);
+    ws.offset[r] = state.exp2_offset(units.scale_log2);
+    rescale = rescale || ws.correction[r] != 1.0f;
   }
+  std::fill(ws.offset.begin() + rows, ws.offset.begin() + rows_pad, 0.0f);
+  kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, ws.offset.data(),
+                ws.tile_sum.data());
+  for (int r = 0; r < rows; ++r) ws.state[r].sum += ws.tile_sum[r];
+  if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
 }
 
-// o / l into out (storage dtype) and lse, or into the split partials. A row that saw no key
-// (l == 0) gets output 0 and lse -inf.
+// o / sum into out (storage dtype) and lse, or into the split partials (SoftmaxRowState
+// finish: a row that saw no key gets output 0 and lse -inf, a NaN row NaN).
 template <typename S>
-void store(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
-           const TileShape& t, Scratch& ws) {
+void store(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, const ScoreUnits& units,
+           int rows, const TileShape& t, Scratch& ws) {
   using T = typename S::Element;
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     float* o_row = &ws.o[size_t(r) * t.d_pad];
-    const float inv_l = ws.l[r] > 0.0f ? 1.0f / ws.l[r] : 0.0f;
-    for (int c = 0; c < t.d; ++c) o_row[c] *= inv_l;
-    const float lse = lse_from_ml(ws.m[r], ws.l[r]);
+    const SoftmaxResult result = ws.state[r].finish(units.raw_scale);
+    for (int c = 0; c < t.d; ++c) o_row[c] *= result.out_scale;
     if (p.num_splits > 1) {
       const int64_t acc = accum_row(p, w.split, w.b, row.head, row.query);
       std::copy(o_row, o_row + t.d, p.o_accum + acc * t.d);
-      p.lse_accum[acc] = lse;
+      p.lse_accum[acc] = result.lse;
     } else {
       T* out = static_cast<T*>(p.o) + o_offset(p, seq, w.b, row.query, row.head);
       store_row<S>(o_row, t.d, out);
-      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = lse;
+      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = result.lse;
     }
   }
 }
 
 template <typename S>
-void run_work_item(const AttnParams& p, const WorkItem& w, const TileShape& t, Scratch& ws) {
+void run_work_item(const AttnParams& p, const TileKernels& kern, const ScoreUnits& units,
+                   const WorkItem& w, const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
+  const int rows_pad = round_up(rows, kRowLanes);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
   load_q<S>(p, seq, w, rows, t, ws);
@@ -302,15 +265,18 @@ void run_work_item(const AttnParams& p, const WorkItem& w, const TileShape& t, S
     const int n0 = n_block * t.n;
     const int keys = std::min(t.n, seq.seqlen_k - n0);
     load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws);
-    qk(rows, keys, t, ws);
-    score(p, seq, rows, n0, keys, t, ws);
-    online_softmax(rows, keys, t, ws);
-    pv(rows, keys, t, ws);
+    kern.scores(ws.qt.data(), kBlockM, ws.k.data(), t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
+    if (units.logits) to_logits(p, seq, rows, n0, keys, ws);
+    mask(rows, n0, keys, ws);
+    online_softmax(kern, units, rows, keys, t, ws);
+    kern.pv(ws.st.data(), kBlockM, ws.v.data(), t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
   }
-  store<S>(p, seq, w, rows, t, ws);
+  store<S>(p, seq, w, units, rows, t, ws);
 }
 
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.
+// The last query tiles come first: under a causal mask they see the most keys, and the
+// threads' dynamic scheduling balances best when the longest items start first.
 std::vector<WorkItem> work_items(const AttnParams& p) {
   std::vector<WorkItem> items;
   const int units = units_per_sequence(p);
@@ -324,41 +290,38 @@ std::vector<WorkItem> work_items(const AttnParams& p) {
       }
     }
   }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& x, const WorkItem& y) { return x.m_block > y.m_block; });
   return items;
 }
 
 // ---- combine ----------------------------------------------------------------------------------
 
-// Merges the split partials of every real row of (b, head): lse = log sum_s exp(lse_s),
-// out = sum_s exp(lse_s - lse) o_s. No visible key in any split: out 0, lse -inf.
+// Merges the split partials of every real row of (b, head) with merge_states, one split at a
+// time: each finished split is a state of its LSE (state_of_lse), and enters the output with
+// weight exp(lse_s - lse). No visible key in any split: out 0, lse -inf; a NaN split: NaN.
 template <typename S>
 void combine_rows(const AttnParams& p, int b, int head, std::vector<float>& o_row) {
   using T = typename S::Element;
   const SeqInfo seq = seq_info(p, b);
   const int d = p.head_dim;
   for (int i = 0; i < seq.seqlen_q; ++i) {
-    float lse_max = kNegInf;
+    SoftmaxRowState merged = SoftmaxRowState::empty();
     for (int split = 0; split < p.num_splits; ++split) {
-      lse_max = std::max(lse_max, p.lse_accum[accum_row(p, split, b, head, i)]);
+      const SoftmaxRowState part = state_of_lse(p.lse_accum[accum_row(p, split, b, head, i)]);
+      merged = merge_states<2>([&](int k) { return k == 0 ? merged : part; }, kLog2e);
     }
+    const SoftmaxResult result = merged.finish(1.0f);
     std::fill(o_row.begin(), o_row.end(), 0.0f);
-    float lse = kNegInf;
-    if (lse_max != kNegInf) {
-      float sum = 0.0f;
-      for (int split = 0; split < p.num_splits; ++split) {
-        sum += std::exp(p.lse_accum[accum_row(p, split, b, head, i)] - lse_max);
-      }
-      lse = lse_max + std::log(sum);
-      for (int split = 0; split < p.num_splits; ++split) {
-        const int64_t acc = accum_row(p, split, b, head, i);
-        const float weight = std::exp(p.lse_accum[acc] - lse);
-        if (weight == 0.0f) continue;  // also skips the (zero) partials of empty splits
-        const float* partial = p.o_accum + acc * d;
-        for (int c = 0; c < d; ++c) o_row[c] += weight * partial[c];
-      }
+    for (int split = 0; split < p.num_splits; ++split) {
+      const int64_t acc = accum_row(p, split, b, head, i);
+      const float weight = state_of_lse(p.lse_accum[acc]).weight_in(merged, kLog2e) * result.out_scale;
+      if (weight == 0.0f) continue;  // also skips the (zero) partials of empty splits
+      const float* partial = p.o_accum + acc * d;
+      for (int c = 0; c < d; ++c) o_row[c] += weight * partial[c];
     }
     store_row<S>(o_row.data(), d, static_cast<T*>(p.o) + o_offset(p, seq, b, i, head));
-    if (p.lse) p.lse[lse_offset(p, seq, b, i, head)] = lse;
+    if (p.lse) p.lse[lse_offset(p, seq, b, i, head)] = result.lse;
   }
 }
 
@@ -374,13 +337,15 @@ void combine(const AttnParams& p) {
 
 template <typename S>
 void run(const AttnParams& p) {
+  const TileKernels& kern = tile_kernels();
+  const ScoreUnits units = score_units(p);
   const TileShape shape = tile_shape(p);
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
   std::vector<Scratch> scratch(workers);
-  for (Scratch& ws : scratch) allocate(ws, shape);
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
-    run_work_item<S>(p, items[item], shape, scratch[worker]);
+    allocate(scratch[worker], shape);
+    run_work_item<S>(p, kern, units, items[item], shape, scratch[worker]);
   });
   if (p.num_splits > 1) combine<S>(p);
 }

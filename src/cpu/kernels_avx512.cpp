@@ -1,0 +1,213 @@
+// The AVX-512 tile kernels: register-blocked products (a 4 x 64 block of fp32 accumulators,
+// 16 zmm registers, fed by 4 loads and 4 broadcasts per 16 FMAs) and the softmax row passes,
+// 16 query rows per vector. Every function carries the target attribute, so that this file
+// builds with the library's ordinary flags and runs only where cpu_supports_avx512() said yes.
+#include "cpu/kernels.h"
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define FLASHATTN_HAVE_AVX512_KERNELS 1
+#endif
+
+#ifdef FLASHATTN_HAVE_AVX512_KERNELS
+#include <immintrin.h>
+
+// GCC 12 warns inside its own intrinsics (their _mm512_undefined_ps operand).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cmath>
+
+#define FA_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+constexpr int kLanes = 16;      // fp32 per zmm; = kRowLanes
+constexpr int kBlockVecs = 4;   // zmm of the register block's long side (64 floats)
+constexpr int kBlockShort = 4;  // its short side (keys of the scores, rows of the PV)
+static_assert(kLanes == kRowLanes, "the row passes run one zmm of rows at a time");
+
+// 2^x for x <= 0 or NaN: 2^round(x) * 2^f, f in [-0.5, 0.5], the latter from its degree-7
+// Taylor polynomial (relative error below 1e-8 on that range, under fp32's half ulp). Inputs
+// below -150 flush to 0; NaN stays NaN.
+FA_AVX512 inline __m512 exp2_ps(__m512 x) {
+  constexpr float kLowest = -150.0f;
+  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f,
+                  c3 = 0.05550410866482158f, c4 = 0.009618129107628477f,
+                  c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
+                  c7 = 1.525273380405984e-05f;
+  x = _mm512_max_ps(_mm512_set1_ps(kLowest), x);  // max returns its second operand on NaN
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(c7);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c5));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// ---- scores: st (keys x rows) = k (keys x d) . qt (d x rows) ---------------------------------
+
+// A block of kKeys keys x kVecs*16 rows, accumulated over the whole head dim in registers.
+template <int kKeys, int kVecs>
+FA_AVX512 inline void scores_block(const float* qt, int ld_qt, const float* k, int ld_k, int d,
+                                   float* st, int ld_st) {
+  __m512 acc[kKeys][kVecs];
+  for (int i = 0; i < kKeys; ++i)
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    __m512 q[kVecs];
+    for (int v = 0; v < kVecs; ++v) q[v] = _mm512_loadu_ps(qt + size_t(c) * ld_qt + v * kLanes);
+    for (int i = 0; i < kKeys; ++i) {
+      const __m512 kc = _mm512_set1_ps(k[size_t(i) * ld_k + c]);
+      for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_fmadd_ps(kc, q[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < kKeys; ++i)
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(st + size_t(i) * ld_st + v * kLanes, acc[i][v]);
+}
+
+template <int kVecs>
+FA_AVX512 void scores_rows(const float* qt, int ld_qt, const float* k, int ld_k, int d, int keys,
+                           float* st, int ld_st) {
+  int j = 0;
+  for (; j + kBlockShort <= keys; j += kBlockShort) {
+    scores_block<kBlockShort, kVecs>(qt, ld_qt, k + size_t(j) * ld_k, ld_k, d, st + size_t(j) * ld_st, ld_st);
+  }
+  const float* k_tail = k + size_t(j) * ld_k;
+  float* st_tail = st + size_t(j) * ld_st;
+  switch (keys - j) {
+    case 3: scores_block<3, kVecs>(qt, ld_qt, k_tail, ld_k, d, st_tail, ld_st); break;
+    case 2: scores_block<2, kVecs>(qt, ld_qt, k_tail, ld_k, d, st_tail, ld_st); break;
+    case 1: scores_block<1, kVecs>(qt, ld_qt, k_tail, ld_k, d, st_tail, ld_st); break;
+    default: break;
+  }
+}
+
+FA_AVX512 void scores(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
+                      int keys, float* st, int ld_st) {
+  for (int r = 0; r < rows_pad; r += kBlockVecs * kLanes) {
+    const float* q = qt + r;
+    float* s = st + r;
+    switch (std::min(kBlockVecs, (rows_pad - r) / kLanes)) {
+      case 4: scores_rows<4>(q, ld_qt, k, ld_k, d, keys, s, ld_st); break;
+      case 3: scores_rows<3>(q, ld_qt, k, ld_k, d, keys, s, ld_st); break;
+      case 2: scores_rows<2>(q, ld_qt, k, ld_k, d, keys, s, ld_st); break;
+      default: scores_rows<1>(q, ld_qt, k, ld_k, d, keys, s, ld_st); break;
+    }
+  }
+}
+
+// ---- softmax row passes ------------------------------------------------------------------------
+
+FA_AVX512 void tile_max(const float* st, int ld_st, int rows_pad, int keys, float* out) {
+  for (int r = 0; r < rows_pad; r += kLanes) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    // max(s, m) returns m when s is NaN: NaN scores are ignored, as in the portable set.
+    for (int j = 0; j < keys; ++j) m = _mm512_max_ps(_mm512_loadu_ps(st + size_t(j) * ld_st + r), m);
+    _mm512_storeu_ps(out + r, m);
+  }
+}
+
+FA_AVX512 void exp2_sum(float* st, int ld_st, int rows_pad, int keys, float scale_log2,
+                        const float* offset, float* tile_sum) {
+  const __m512 scale = _mm512_set1_ps(scale_log2);
+  for (int r = 0; r < rows_pad; r += kLanes) {
+    const __m512 off = _mm512_loadu_ps(offset + r);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < keys; ++j) {
+      float* s = st + size_t(j) * ld_st + r;
+      const __m512 p = exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(s), scale, off));
+      _mm512_storeu_ps(s, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    _mm512_storeu_ps(tile_sum + r, sum);
+  }
+}
+
+FA_AVX512 void scale_rows(float* o, int ld_o, int rows, int d_pad, const float* factor) {
+  for (int r = 0; r < rows; ++r) {
+    const __m512 f = _mm512_set1_ps(factor[r]);
+    float* row = o + size_t(r) * ld_o;
+    for (int c = 0; c < d_pad; c += kLanes) _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), f));
+  }
+}
+
+// ---- o (rows x d) += p (rows x keys, stored transposed in st) . v (keys x d) ---------------------
+
+// A block of kRows rows x kVecs*16 columns of o, kept in registers over all keys.
+template <int kRows, int kVecs>
+FA_AVX512 inline void pv_block(const float* st, int ld_st, const float* v, int ld_v, int keys,
+                               float* o, int ld_o) {
+  __m512 acc[kRows][kVecs];
+  for (int i = 0; i < kRows; ++i)
+    for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_loadu_ps(o + size_t(i) * ld_o + c * kLanes);
+  for (int j = 0; j < keys; ++j) {
+    __m512 vj[kVecs];
+    for (int c = 0; c < kVecs; ++c) vj[c] = _mm512_loadu_ps(v + size_t(j) * ld_v + c * kLanes);
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 p = _mm512_set1_ps(st[size_t(j) * ld_st + i]);
+      for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_fmadd_ps(p, vj[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int c = 0; c < kVecs; ++c) _mm512_storeu_ps(o + size_t(i) * ld_o + c * kLanes, acc[i][c]);
+}
+
+template <int kRows>
+FA_AVX512 void pv_columns(const float* st, int ld_st, const float* v, int ld_v, int keys, int d_pad,
+                          float* o, int ld_o) {
+  for (int c = 0; c < d_pad; c += kBlockVecs * kLanes) {
+    switch (std::min(kBlockVecs, (d_pad - c) / kLanes)) {
+      case 4: pv_block<kRows, 4>(st, ld_st, v + c, ld_v, keys, o + c, ld_o); break;
+      case 3: pv_block<kRows, 3>(st, ld_st, v + c, ld_v, keys, o + c, ld_o); break;
+      case 2: pv_block<kRows, 2>(st, ld_st, v + c, ld_v, keys, o + c, ld_o); break;
+      default: pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, o + c, ld_o); break;
+    }
+  }
+}
+
+FA_AVX512 void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
+                  int d_pad, float* o, int ld_o) {
+  int r = 0;
+  for (; r + kBlockShort <= rows; r += kBlockShort) {
+    pv_columns<kBlockShort>(st + r, ld_st, v, ld_v, keys, d_pad, o + size_t(r) * ld_o, ld_o);
+  }
+  const float* p_tail = st + r;
+  float* o_tail = o + size_t(r) * ld_o;
+  switch (rows - r) {
+    case 3: pv_columns<3>(p_tail, ld_st, v, ld_v, keys, d_pad, o_tail, ld_o); break;
+    case 2: pv_columns<2>(p_tail, ld_st, v, ld_v, keys, d_pad, o_tail, ld_o); break;
+    case 1: pv_columns<1>(p_tail, ld_st, v, ld_v, keys, d_pad, o_tail, ld_o); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+const TileKernels* avx512_kernels() {
+  static const TileKernels kernels{"avx512", scores, tile_max, exp2_sum, scale_rows, pv};
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  return supported ? &kernels : nullptr;
+}
+
+}  // namespace cpu
+}  // namespace flashattn
+
+#else  // no AVX-512 kernels in this build
+
+namespace flashattn {
+namespace cpu {
+const TileKernels* avx512_kernels() { return nullptr; }
+}  // namespace cpu
+}  // namespace flashattn
+
+#endif
