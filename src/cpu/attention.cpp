@@ -84,6 +84,12 @@ struct Scratch {
   std::vector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
   std::vector<SoftmaxRowState> state;  // (kBlockM)
   std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
+  // bf16 on AMX tiles only (kernels.h layouts):
+  std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
+  std::vector<uint16_t> k16, v16;        // (n, d)        key / value tile, zero past the last key
+  std::vector<uint16_t> k_vnni, v_vnni;  // (d/2, n, 2) / (n/2, d, 2)
+  std::vector<float> s;                  // (kBlockM, n)  scores, row-major
+  std::vector<uint16_t> p16;             // (kBlockM, n)  probabilities
 };
 
 void allocate(Scratch& ws, const TileShape& t) {
@@ -98,6 +104,14 @@ void allocate(Scratch& ws, const TileShape& t) {
   for (auto* row_vector : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
     row_vector->assign(kBlockM, 0.0f);
   }
+}
+
+void allocate_amx(Scratch& ws, const TileShape& t) {
+  if (!ws.q16.empty()) return;
+  ws.q16.assign(size_t(kBlockM) * t.d, 0);
+  for (auto* tile : {&ws.k16, &ws.v16, &ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(t.n) * t.d, 0);
+  ws.s.assign(size_t(kBlockM) * t.n, 0.0f);
+  ws.p16.assign(size_t(kBlockM) * t.n, 0);
 }
 
 int tile_row_count(const AttnParams& p, const SeqInfo& seq) {
@@ -182,27 +196,40 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
   }
 }
 
+// A tile of scores in either layout: score (row r, key j) at s[r * row_step + j * key_step].
+struct ScoreView {
+  float* s;
+  int row_step;
+  int key_step;
+  float& at(int r, int j) const { return s[size_t(r) * row_step + size_t(j) * key_step]; }
+};
+
+ScoreView transposed_scores(Scratch& ws) { return ScoreView{ws.st.data(), 1, kBlockM}; }
+ScoreView row_major_scores(Scratch& ws, const TileShape& t) { return ScoreView{ws.s.data(), t.n, 1}; }
+
 // Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h).
-void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys, Scratch& ws) {
+void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
+               const Scratch& ws, const ScoreView& view) {
   const bool alibi = p.alibi_slopes != nullptr;
-  for (int j = 0; j < keys; ++j) {
-    float* s = &ws.st[size_t(j) * kBlockM];
-    for (int r = 0; r < rows; ++r) {
-      s[r] = score_transform(p, s[r]);
-      if (alibi) s[r] += alibi_bias(ws.rows[r].slope, ws.rows[r].query, n0 + j, seq.seqlen_q, seq.seqlen_k);
+  for (int r = 0; r < rows; ++r) {
+    const TileRow& row = ws.rows[r];
+    for (int j = 0; j < keys; ++j) {
+      float& x = view.at(r, j);
+      x = score_transform(p, x);
+      if (alibi) x += alibi_bias(row.slope, row.query, n0 + j, seq.seqlen_q, seq.seqlen_k);
     }
   }
 }
 
 // -inf for the keys of the tile that a row does not see (only rows whose visible range does
 // not cover the whole tile have any).
-void mask(int rows, int n0, int keys, Scratch& ws) {
+void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) {
   for (int r = 0; r < rows; ++r) {
     const KeyRange& visible = ws.rows[r].keys;
     const int lo = std::min(std::max(visible.lo - n0, 0), keys);
     const int hi = std::max(std::min(visible.hi - n0, keys), lo);
-    for (int j = 0; j < lo; ++j) ws.st[size_t(j) * kBlockM + r] = -INFINITY;
-    for (int j = hi; j < keys; ++j) ws.st[size_t(j) * kBlockM + r] = -INFINITY;
+    for (int j = 0; j < lo; ++j) view.at(r, j) = -INFINITY;
+    for (int j = hi; j < keys; ++j) view.at(r, j) = -INFINITY;
   }
 }
 
@@ -210,10 +237,11 @@ void mask(int rows, int n0, int keys, Scratch& ws) {
 // the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum,
 // and the accumulator rows are rescaled where the max moved. A row with a NaN score gets a NaN
 // sum (and so a NaN output); a row without a visible key keeps max -inf and sum 0.
-void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, int keys,
-                    const TileShape& t, Scratch& ws) {
+// exp2_sum(offsets, sums) is the layout's probability pass.
+template <typename Exp2Sum>
+void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, const TileShape& t,
+                    Scratch& ws, Exp2Sum exp2_sum) {
   const int rows_pad = round_up(rows, kRowLanes);
-  kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
   bool rescale = false;
   for (int r = 0; r < rows; ++r) {
     SoftmaxRowState& state = ws.state[r];
@@ -222,8 +250,7 @@ void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, 
     rescale = rescale || ws.correction[r] != 1.0f;
   }
   std::fill(ws.offset.begin() + rows, ws.offset.begin() + rows_pad, 0.0f);
-  kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, ws.offset.data(),
-                ws.tile_sum.data());
+  exp2_sum(ws.offset.data(), ws.tile_sum.data());
   for (int r = 0; r < rows; ++r) ws.state[r].sum += ws.tile_sum[r];
   if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
 }
@@ -266,12 +293,80 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const ScoreUnit
     const int keys = std::min(t.n, seq.seqlen_k - n0);
     load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws);
     kern.scores(ws.qt.data(), kBlockM, ws.k.data(), t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
-    if (units.logits) to_logits(p, seq, rows, n0, keys, ws);
-    mask(rows, n0, keys, ws);
-    online_softmax(kern, units, rows, keys, t, ws);
+    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
+    mask(rows, n0, keys, ws, transposed_scores(ws));
+    kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
+    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+      kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, offset, tile_sum);
+    });
     kern.pv(ws.st.data(), kBlockM, ws.v.data(), t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
   }
   store<S>(p, seq, w, units, rows, t, ws);
+}
+
+// ---- bf16 on AMX tiles ----------------------------------------------------------------------
+
+using Bf16 = Storage<DType::bf16>;
+
+bool use_amx(const AttnParams& p) {
+  return p.dtype == DType::bf16 && p.head_dim % kAmxPair == 0 && amx_kernels() != nullptr;
+}
+
+// The tile's query rows as stored (bf16), zero rows up to a whole tile register.
+void load_q_bf16(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
+                 const TileShape& t, Scratch& ws) {
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
+  for (int r = 0; r < rows; ++r) {
+    const TileRow& row = ws.rows[r];
+    std::copy_n(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q16[size_t(r) * t.d]);
+  }
+  std::fill(ws.q16.begin() + size_t(rows) * t.d, ws.q16.begin() + size_t(round_up(rows, kAmxRows)) * t.d, 0);
+}
+
+// Keys [n0, n0 + keys) of KV head hk as stored (pages read in place), zero rows past the last
+// key, then packed for the tile unit.
+void load_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo& seq, int b, int hk,
+                       int n0, int keys, const TileShape& t, Scratch& ws) {
+  const uint16_t* k = static_cast<const uint16_t*>(p.k);
+  const uint16_t* v = static_cast<const uint16_t*>(p.v);
+  for (int j = 0; j < keys; ++j) {
+    std::copy_n(k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk),
+                t.d, &ws.k16[size_t(j) * t.d]);
+    std::copy_n(v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk),
+                t.d, &ws.v16[size_t(j) * t.d]);
+  }
+  std::fill(ws.k16.begin() + size_t(keys) * t.d, ws.k16.end(), 0);
+  std::fill(ws.v16.begin() + size_t(keys) * t.d, ws.v16.end(), 0);
+  amx.pack_k(ws.k16.data(), t.n, t.d, ws.k_vnni.data());
+  amx.pack_v(ws.v16.data(), t.n, t.d, ws.v_vnni.data());
+}
+
+// run_work_item's walk with both products on AMX tiles and row-major scores.
+void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKernels& amx,
+                       const ScoreUnits& units, const WorkItem& w, const TileShape& t, Scratch& ws) {
+  const SeqInfo seq = seq_info(p, w.b);
+  const int rows = tile_rows(p, seq, w, ws);
+  const int rows_pad = round_up(rows, kAmxRows);
+  const int hk = kv_head_of(p, w);
+  const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
+  load_q_bf16(p, seq, w, rows, t, ws);
+  init_state(rows, t, ws);
+  amx.begin();
+  for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
+    const int n0 = n_block * t.n;
+    const int keys = std::min(t.n, seq.seqlen_k - n0);
+    load_kv_tile_bf16(amx, p, seq, w.b, hk, n0, keys, t, ws);
+    amx.scores(ws.q16.data(), rows_pad, t.d, ws.k_vnni.data(), t.n, ws.s.data());
+    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, t));
+    mask(rows, n0, keys, ws, row_major_scores(ws, t));
+    amx.row_max(ws.s.data(), t.n, rows, keys, ws.tile_max.data());
+    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+      amx.row_exp2_sum(ws.s.data(), t.n, rows, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
+    });
+    amx.pv(ws.p16.data(), rows_pad, t.n, ws.v_vnni.data(), t.d, ws.o.data(), t.d_pad);
+  }
+  amx.end();
+  store<Bf16>(p, seq, w, units, rows, t, ws);
 }
 
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.
@@ -343,9 +438,16 @@ void run(const AttnParams& p) {
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
   std::vector<Scratch> scratch(workers);
+  const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
-    allocate(scratch[worker], shape);
-    run_work_item<S>(p, kern, units, items[item], shape, scratch[worker]);
+    Scratch& ws = scratch[worker];
+    allocate(ws, shape);
+    if (amx != nullptr) {
+      allocate_amx(ws, shape);
+      run_work_item_amx(p, kern, *amx, units, items[item], shape, ws);
+    } else {
+      run_work_item<S>(p, kern, units, items[item], shape, ws);
+    }
   });
   if (p.num_splits > 1) combine<S>(p);
 }

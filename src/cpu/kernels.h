@@ -13,6 +13,8 @@
 // kRowLanes rows per vector, and neither K nor V is ever transposed (D-CPU-3).
 #pragma once
 
+#include <cstdint>
+
 namespace flashattn {
 namespace cpu {
 
@@ -41,16 +43,59 @@ struct TileKernels {
              float* o, int ld_o);
 };
 
+// The kernel sets from the most portable to the fastest. FLASHATTN_CPU_KERNELS=portable|avx512|amx
+// in the environment caps the level used (read once; the tests use it to check each set).
+enum class KernelLevel { portable, avx512, amx };
+bool kernel_level_allowed(KernelLevel level);
+
 // The portable set: plain loops, vectorised by the compiler for the build's target.
 const TileKernels& portable_kernels();
 
 // The AVX-512 set, or nullptr where it is not compiled in (not x86-64, or a compiler without
-// the target attribute) or the CPU lacks AVX-512F.
+// the target attribute) or the CPU lacks AVX-512 F/DQ/VL/BW.
 const TileKernels* avx512_kernels();
 
-// The set this process uses: the fastest the CPU runs, unless FLASHATTN_CPU_KERNELS=portable
-// is set in the environment (read once; the tests use it to check the portable set).
+// The set this process uses: the fastest the CPU runs within kernel_level_allowed.
 const TileKernels& tile_kernels();
+
+// ---- bf16 on AMX tiles -------------------------------------------------------------------------
+//
+// Where the CPU has AMX-BF16 (and the OS grants the tile state), bf16 inputs take both products
+// on the tile unit, with bf16 operands and fp32 accumulators, as the GPU's tensor cores do
+// (P is rounded to bf16 before P.V, as on the GPU). Scores are row-major here: the tile unit
+// needs K transposed in pairs (k_vnni) and V in key pairs (v_vnni), which the pack steps make
+// per tile, and Q and P go in as stored (D-CPU-4). Layouts (bf16 as uint16_t):
+//   q       (rows_pad, d)        query rows; rows_pad a multiple of kAmxRows, zero past the last
+//   k, v    (n, d)               the key and value tiles; n a multiple of kAmxPair
+//   k_vnni  (d / 2, n, 2)        k_vnni[c/2][j][c%2] = k[j][c]
+//   v_vnni  (n / 2, d, 2)        v_vnni[j/2][c][j%2] = v[j][c]
+//   s       (rows_pad, n) fp32   scores
+//   p       (rows_pad, n)        probabilities, 0 past the tile's keys
+// d is a multiple of kAmxPair.
+constexpr int kAmxRows = 16;  // rows of a tile register
+constexpr int kAmxPair = 32;  // bf16 per tile register row (64 bytes)
+
+struct AmxKernels {
+  // Loads the tile configuration of the calling thread / releases its tile state.
+  void (*begin)();
+  void (*end)();
+  void (*pack_k)(const uint16_t* k, int n, int d, uint16_t* k_vnni);
+  void (*pack_v)(const uint16_t* v, int n, int d, uint16_t* v_vnni);
+  // s = q . k^T
+  void (*scores)(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int n, float* s);
+  // tile_max[r] = max_{j < keys} s[r][j], NaN ignored.
+  void (*row_max)(const float* s, int n, int rows, int keys, float* tile_max);
+  // p[r][j] = bf16(exp2(s[r][j] * scale_log2 - offset[r])) for j < keys (0 past keys);
+  // tile_sum[r] = the sum of the fp32 values.
+  void (*row_exp2_sum)(const float* s, int n, int rows, int keys, float scale_log2,
+                       const float* offset, float* tile_sum, uint16_t* p);
+  // o (rows_pad, ld_o) fp32 += p . v
+  void (*pv)(const uint16_t* p, int rows_pad, int n, const uint16_t* v_vnni, int d, float* o, int ld_o);
+};
+
+// The AMX set, or nullptr where the build, the CPU or the OS lacks it or its level is not
+// allowed.
+const AmxKernels* amx_kernels();
 
 }  // namespace cpu
 }  // namespace flashattn

@@ -64,12 +64,20 @@ void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys
   }
 }
 
-bool portable_requested() {
+KernelLevel highest_allowed_level() {
   const char* choice = std::getenv("FLASHATTN_CPU_KERNELS");
-  return choice != nullptr && std::strcmp(choice, "portable") == 0;
+  if (choice == nullptr) return KernelLevel::amx;
+  if (std::strcmp(choice, "portable") == 0) return KernelLevel::portable;
+  if (std::strcmp(choice, "avx512") == 0) return KernelLevel::avx512;
+  return KernelLevel::amx;
 }
 
 }  // namespace
+
+bool kernel_level_allowed(KernelLevel level) {
+  static const KernelLevel highest = highest_allowed_level();
+  return int(level) <= int(highest);
+}
 
 const TileKernels& portable_kernels() {
   static const TileKernels kernels{"portable", scores, tile_max, exp2_sum, scale_rows, pv};
@@ -78,8 +86,8 @@ const TileKernels& portable_kernels() {
 
 const TileKernels& tile_kernels() {
   static const TileKernels& chosen = [&]() -> const TileKernels& {
-    if (portable_requested()) return portable_kernels();
-    if (const TileKernels* fast = avx512_kernels()) return *fast;
+    const TileKernels* fast = avx512_kernels();
+    if (fast != nullptr && kernel_level_allowed(KernelLevel::avx512)) return *fast;
     return portable_kernels();
   }();
   return chosen;
