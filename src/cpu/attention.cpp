@@ -86,7 +86,8 @@ struct Scratch {
   std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
   // bf16 on AMX tiles only (kernels.h layouts):
   std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
-  std::vector<uint16_t> k16, v16;        // (n, d)        key / value tile, zero past the last key
+  std::vector<const uint16_t*> k_rows, v_rows;  // (n) the tile's K / V rows (zero_row past the last key)
+  std::vector<uint16_t> zero_row;        // (d)
   std::vector<uint16_t> k_vnni, v_vnni;  // (d/2, n, 2) / (n/2, d, 2)
   std::vector<float> s;                  // (kBlockM, n)  scores, row-major
   std::vector<uint16_t> p16;             // (kBlockM, n)  probabilities
@@ -109,7 +110,10 @@ void allocate(Scratch& ws, const TileShape& t) {
 void allocate_amx(Scratch& ws, const TileShape& t) {
   if (!ws.q16.empty()) return;
   ws.q16.assign(size_t(kBlockM) * t.d, 0);
-  for (auto* tile : {&ws.k16, &ws.v16, &ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(t.n) * t.d, 0);
+  for (auto* tile : {&ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(t.n) * t.d, 0);
+  ws.k_rows.assign(t.n, nullptr);
+  ws.v_rows.assign(t.n, nullptr);
+  ws.zero_row.assign(t.d, 0);
   ws.s.assign(size_t(kBlockM) * t.n, 0.0f);
   ws.p16.assign(size_t(kBlockM) * t.n, 0);
 }
@@ -207,6 +211,39 @@ struct ScoreView {
 ScoreView transposed_scores(Scratch& ws) { return ScoreView{ws.st.data(), 1, kBlockM}; }
 ScoreView row_major_scores(Scratch& ws, const TileShape& t) { return ScoreView{ws.s.data(), t.n, 1}; }
 
+// Asks the caches for keys [n0, n0 + keys) of KV head hk ahead of their use. One head of each
+// key row is a short piece of a long stride (or of a page anywhere), which the hardware
+// prefetchers follow late; decode, which reads each key once, waits on memory without this.
+template <typename T>
+void prefetch_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
+                      const TileShape& t) {
+  constexpr int kCacheLine = 64;
+  const char* k = static_cast<const char*>(p.k);
+  const char* v = static_cast<const char*>(p.v);
+  const int row_bytes = t.d * int(sizeof(T));
+  for (int j = 0; j < keys; ++j) {
+    const char* k_row = k + sizeof(T) * kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride,
+                                                      p.k_head_stride, hk);
+    const char* v_row = v + sizeof(T) * kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride,
+                                                      p.v_head_stride, hk);
+    for (int byte = 0; byte < row_bytes; byte += kCacheLine) {
+      __builtin_prefetch(k_row + byte, 0, 2);
+      __builtin_prefetch(v_row + byte, 0, 2);
+    }
+  }
+}
+
+// A later key tile of the walk (kPrefetchTiles ahead) into the caches, while this one is
+// computed.
+constexpr int kPrefetchTiles = 4;
+template <typename T>
+void prefetch_next_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n_block,
+                        const KeyRange& tiles, const TileShape& t) {
+  if (n_block + kPrefetchTiles >= tiles.hi) return;
+  const int n0 = (n_block + kPrefetchTiles) * t.n;
+  prefetch_kv_tile<T>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t);
+}
+
 // Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h).
 void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
                const Scratch& ws, const ScoreView& view) {
@@ -292,6 +329,7 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const ScoreUnit
     const int n0 = n_block * t.n;
     const int keys = std::min(t.n, seq.seqlen_k - n0);
     load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws);
+    prefetch_next_tile<typename S::Element>(p, seq, w.b, hk, n_block, tiles, t);
     kern.scores(ws.qt.data(), kBlockM, ws.k.data(), t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
     mask(rows, n0, keys, ws, transposed_scores(ws));
@@ -323,22 +361,22 @@ void load_q_bf16(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int
   std::fill(ws.q16.begin() + size_t(rows) * t.d, ws.q16.begin() + size_t(round_up(rows, kAmxRows)) * t.d, 0);
 }
 
-// Keys [n0, n0 + keys) of KV head hk as stored (pages read in place), zero rows past the last
-// key, then packed for the tile unit.
+// Keys [n0, n0 + keys) of KV head hk packed for the tile unit straight from where they are
+// stored (pages read in place); zero keys past the last.
 void load_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo& seq, int b, int hk,
                        int n0, int keys, const TileShape& t, Scratch& ws) {
   const uint16_t* k = static_cast<const uint16_t*>(p.k);
   const uint16_t* v = static_cast<const uint16_t*>(p.v);
-  for (int j = 0; j < keys; ++j) {
-    std::copy_n(k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk),
-                t.d, &ws.k16[size_t(j) * t.d]);
-    std::copy_n(v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk),
-                t.d, &ws.v16[size_t(j) * t.d]);
+  for (int j = 0; j < t.n; ++j) {
+    if (j < keys) {
+      ws.k_rows[j] = k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
+      ws.v_rows[j] = v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
+    } else {
+      ws.k_rows[j] = ws.v_rows[j] = ws.zero_row.data();
+    }
   }
-  std::fill(ws.k16.begin() + size_t(keys) * t.d, ws.k16.end(), 0);
-  std::fill(ws.v16.begin() + size_t(keys) * t.d, ws.v16.end(), 0);
-  amx.pack_k(ws.k16.data(), t.n, t.d, ws.k_vnni.data());
-  amx.pack_v(ws.v16.data(), t.n, t.d, ws.v_vnni.data());
+  amx.pack_k(ws.k_rows.data(), t.n, t.d, ws.k_vnni.data());
+  amx.pack_v(ws.v_rows.data(), t.n, t.d, ws.v_vnni.data());
 }
 
 // run_work_item's walk with both products on AMX tiles and row-major scores.
@@ -356,6 +394,7 @@ void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKe
     const int n0 = n_block * t.n;
     const int keys = std::min(t.n, seq.seqlen_k - n0);
     load_kv_tile_bf16(amx, p, seq, w.b, hk, n0, keys, t, ws);
+    prefetch_next_tile<uint16_t>(p, seq, w.b, hk, n_block, tiles, t);
     amx.scores(ws.q16.data(), rows_pad, t.d, ws.k_vnni.data(), t.n, ws.s.data());
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, t));
     mask(rows, n0, keys, ws, row_major_scores(ws, t));

@@ -66,7 +66,8 @@ const TileKernels& tile_kernels();
 // needs K transposed in pairs (k_vnni) and V in key pairs (v_vnni), which the pack steps make
 // per tile, and Q and P go in as stored (D-CPU-4). Layouts (bf16 as uint16_t):
 //   q       (rows_pad, d)        query rows; rows_pad a multiple of kAmxRows, zero past the last
-//   k, v    (n, d)               the key and value tiles; n a multiple of kAmxPair
+//   k, v    n rows of d          the key and value tiles, one pointer per key (rows read in
+//                                place: contiguous or paged); n a multiple of kAmxPair
 //   k_vnni  (d / 2, n, 2)        k_vnni[c/2][j][c%2] = k[j][c]
 //   v_vnni  (n / 2, d, 2)        v_vnni[j/2][c][j%2] = v[j][c]
 //   s       (rows_pad, n) fp32   scores
@@ -79,8 +80,8 @@ struct AmxKernels {
   // Loads the tile configuration of the calling thread / releases its tile state.
   void (*begin)();
   void (*end)();
-  void (*pack_k)(const uint16_t* k, int n, int d, uint16_t* k_vnni);
-  void (*pack_v)(const uint16_t* v, int n, int d, uint16_t* v_vnni);
+  void (*pack_k)(const uint16_t* const* k_rows, int n, int d, uint16_t* k_vnni);
+  void (*pack_v)(const uint16_t* const* v_rows, int n, int d, uint16_t* v_vnni);
   // s = q . k^T
   void (*scores)(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int n, float* s);
   // tile_max[r] = max_{j < keys} s[r][j], NaN ignored.

@@ -79,23 +79,24 @@ FA_AMX inline void transpose16x16(__m512i rows[16]) {
   }
 }
 
-// k (n, d) -> k_vnni (d/2, n, 2): as dwords (pairs of bf16), a transpose of (n, d/2).
-FA_AMX void pack_k(const uint16_t* k, int n, int d, uint16_t* k_vnni) {
+// k (n rows of d) -> k_vnni (d/2, n, 2): as dwords (pairs of bf16), a transpose of (n, d/2).
+FA_AMX void pack_k(const uint16_t* const* k_rows, int n, int d, uint16_t* k_vnni) {
   const int pairs = d / 2;
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(k);
   uint32_t* dst = reinterpret_cast<uint32_t*>(k_vnni);
   __m512i block[16];
   for (int j0 = 0; j0 < n; j0 += 16) {
     for (int c0 = 0; c0 < pairs; c0 += 16) {
-      for (int i = 0; i < 16; ++i) block[i] = _mm512_loadu_si512(src + size_t(j0 + i) * pairs + c0);
+      for (int i = 0; i < 16; ++i) {
+        block[i] = _mm512_loadu_si512(reinterpret_cast<const uint32_t*>(k_rows[j0 + i]) + c0);
+      }
       transpose16x16(block);
       for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + size_t(c0 + i) * n + j0, block[i]);
     }
   }
 }
 
-// v (n, d) -> v_vnni (n/2, d, 2): the bf16 of two consecutive keys interleaved.
-FA_AMX void pack_v(const uint16_t* v, int n, int d, uint16_t* v_vnni) {
+// v (n rows of d) -> v_vnni (n/2, d, 2): the bf16 of two consecutive keys interleaved.
+FA_AMX void pack_v(const uint16_t* const* v_rows, int n, int d, uint16_t* v_vnni) {
   alignas(64) uint16_t lo_index[32], hi_index[32];
   for (int i = 0; i < 16; ++i) {
     lo_index[2 * i] = uint16_t(i);
@@ -105,8 +106,8 @@ FA_AMX void pack_v(const uint16_t* v, int n, int d, uint16_t* v_vnni) {
   }
   const __m512i lo = _mm512_load_si512(lo_index), hi = _mm512_load_si512(hi_index);
   for (int j = 0; j < n; j += 2) {
-    const uint16_t* even = v + size_t(j) * d;
-    const uint16_t* odd = even + d;
+    const uint16_t* even = v_rows[j];
+    const uint16_t* odd = v_rows[j + 1];
     uint16_t* out = v_vnni + size_t(j) * d;  // row j/2 of (n/2, d, 2)
     for (int c = 0; c < d; c += kAmxPair) {
       const __m512i a = _mm512_loadu_si512(even + c), b = _mm512_loadu_si512(odd + c);
