@@ -409,8 +409,10 @@ void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKe
 }
 
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.
-// The last query tiles come first: under a causal mask they see the most keys, and the
-// threads' dynamic scheduling balances best when the longest items start first.
+// The items of one (b, unit) are consecutive, so that its K and V stay in L2 from one query
+// tile to the next, and within it the last query tiles come first: under a causal mask they
+// see the most keys, and the threads' dynamic scheduling balances best when the short items
+// come last.
 std::vector<WorkItem> work_items(const AttnParams& p) {
   std::vector<WorkItem> items;
   const int units = units_per_sequence(p);
@@ -419,13 +421,11 @@ std::vector<WorkItem> work_items(const AttnParams& p) {
     const SeqInfo seq = seq_info(p, b);
     const int m_blocks = ceil_div(tile_row_count(p, seq), query_tile_rows(p));
     for (int unit = 0; unit < units; ++unit) {
-      for (int m_block = 0; m_block < m_blocks; ++m_block) {
+      for (int m_block = m_blocks - 1; m_block >= 0; --m_block) {
         for (int split = 0; split < splits; ++split) items.push_back({b, unit, m_block, split});
       }
     }
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const WorkItem& x, const WorkItem& y) { return x.m_block > y.m_block; });
   return items;
 }
 
