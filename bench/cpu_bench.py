@@ -9,7 +9,8 @@ Prefill: fp32 and bf16, (b, s, h/hk, d, causal) in PREFILL; GFLOP/s with FLOPs 4
 halved when causal. Decode: bf16, one query row per sequence, 32 query heads over 8 KV heads,
 d = 128, batch 1 and 8, context 4k and 32k, contiguous and paged (page 16); GB/s of the K and V
 bytes read, next to the bandwidth a plain numpy.sum shows over as many bytes (the floor the issue
-measures decode against). Times are the best of --repeat calls after one warm-up call.
+measures decode against). Times are the best of --repeat calls after one warm-up call, ours and
+torch's taking turns.
 Without torch, flashattn runs alone (fp32 from NumPy; bf16 through ml_dtypes when installed).
 """
 import argparse
@@ -43,12 +44,20 @@ QUICK_DECODE = [(1, 4096), (8, 4096)]
 
 
 def best_seconds(fn, repeat):
-    fn()  # warm-up: first-touch of buffers, thread start-up
-    best = float("inf")
+    return best_seconds_each([fn], repeat)[0]
+
+
+def best_seconds_each(fns, repeat):
+    """Best time of each function over `repeat` rounds, the functions taking turns within a round
+    (so that a change in the machine's load touches all of them alike)."""
+    for fn in fns:
+        fn()  # warm-up: first-touch of buffers, thread start-up
+    best = [float("inf")] * len(fns)
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
     return best
 
 
@@ -94,14 +103,17 @@ def prefill_point(dtype, b, s, h, hk, d, causal, repeat):
     k = random_array((b, s, hk, d), dtype, 2)
     v = random_array((b, s, hk, d), dtype, 3)
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
-    ours = best_seconds(lambda: flashattn.flash_attn_func(q, k, v, causal=causal), repeat)
-    row = {"dtype": dtype, "batch": b, "seqlen": s, "heads": h, "kv_heads": hk, "head_dim": d,
-           "causal": causal, "flops": flops, "ours_ms": ours * 1e3, "ours_gflops": flops / ours / 1e9}
+    calls = [lambda: flashattn.flash_attn_func(q, k, v, causal=causal)]
     if torch is not None:
         # SDPA's layout is (b, h, s, d): contiguous copies, made outside the timing.
         tq, tk, tv = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        theirs = best_seconds(lambda: F.scaled_dot_product_attention(
-            tq, tk, tv, is_causal=causal, enable_gqa=hk != h), repeat)
+        calls.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=hk != h))
+    times = best_seconds_each(calls, repeat)
+    ours = times[0]
+    row = {"dtype": dtype, "batch": b, "seqlen": s, "heads": h, "kv_heads": hk, "head_dim": d,
+           "causal": causal, "flops": flops, "ours_ms": ours * 1e3, "ours_gflops": flops / ours / 1e9}
+    if torch is not None:
+        theirs = times[1]
         row.update(torch_ms=theirs * 1e3, torch_gflops=flops / theirs / 1e9, ratio=theirs / ours)
     return row
 
@@ -139,14 +151,18 @@ def decode_points(b, ctx, repeat):
     rows = []
     base = {"dtype": "bf16", "batch": b, "context": ctx, "heads": h, "kv_heads": hk, "head_dim": d,
             "bytes": nbytes, "numpy_sum_gbs": floor}
-    ours = best_seconds(lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens), repeat)
-    row = dict(base, page_size=0, ours_ms=ours * 1e3, ours_gbs=nbytes / ours / 1e9)
+    calls = [lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)]
     if torch is not None:
         tq = q.transpose(1, 2).contiguous()
         tk, tv = (x.transpose(1, 2).contiguous() for x in (k, v))
-        theirs = best_seconds(lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), repeat)
+        calls.append(lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True))
+    times = best_seconds_each(calls, repeat)
+    ours = times[0]
+    row = dict(base, page_size=0, ours_ms=ours * 1e3, ours_gbs=nbytes / ours / 1e9)
+    if torch is not None:
+        theirs = times[1]
         row.update(torch_ms=theirs * 1e3, torch_gbs=nbytes / theirs / 1e9, ratio=theirs / ours)
-        del tk, tv
+        del calls, tk, tv
     rows.append(row)
     pk, table = paged_copy(k, DECODE_PAGE)
     del k

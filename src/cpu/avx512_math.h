@@ -12,6 +12,7 @@
 // GCC 12 warns inside its own intrinsics (their _mm512_undefined_ps operand).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #define FA_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
