@@ -41,6 +41,9 @@ QUICK_PREFILL = PREFILL[:2]
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, DECODE_PAGE = 32, 8, 128, 16
 DECODE = [(b, ctx) for b in (1, 8) for ctx in (4096, 32768)]
 QUICK_DECODE = [(1, 4096), (8, 4096)]
+# Pause before each timed call: torch's OpenMP workers keep spinning for a while after its calls
+# (measured: our decode b=1 4k call right after a torch call, median 4.7 ms; alone 2.2 ms).
+SETTLE_S = 0.05
 
 
 def best_seconds(fn, repeat):
@@ -55,6 +58,7 @@ def best_seconds_each(fns, repeat):
     best = [float("inf")] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             fn()
             best[i] = min(best[i], time.perf_counter() - start)
