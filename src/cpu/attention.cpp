@@ -86,7 +86,7 @@ struct Scratch {
   std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
   // bf16 on AMX tiles only (kernels.h layouts):
   std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
-  std::vector<const uint16_t*> k_rows, v_rows;  // (n) the tile's K / V rows (zero_row past the last key)
+  std::vector<const uint16_t*> k_rows, v_rows;  // (n) a tile's K / V rows (zero_row past the last key)
   std::vector<uint16_t> zero_row;        // (d)
   std::vector<uint16_t> k_vnni, v_vnni;  // (d/2, n, 2) / (n/2, d, 2)
   std::vector<float> s;                  // (kBlockM, n)  scores, row-major
@@ -117,8 +117,8 @@ void allocate_amx(Scratch& ws, const TileShape& t) {
   const int step = kAmxTilesPerStep * t.n;
   ws.q16.assign(size_t(kBlockM) * t.d, 0);
   for (auto* tile : {&ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(step) * t.d, 0);
-  ws.k_rows.assign(step, nullptr);
-  ws.v_rows.assign(step, nullptr);
+  ws.k_rows.assign(t.n, nullptr);
+  ws.v_rows.assign(t.n, nullptr);
   ws.zero_row.assign(t.d, 0);
   ws.s.assign(size_t(kBlockM) * step, 0.0f);
   ws.p16.assign(size_t(kBlockM) * step, 0);
@@ -367,22 +367,80 @@ void load_q_bf16(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int
   std::fill(ws.q16.begin() + size_t(rows) * t.d, ws.q16.begin() + size_t(round_up(rows, kAmxRows)) * t.d, 0);
 }
 
-// Keys [n0, n0 + keys) of KV head hk packed for the tile unit straight from where they are
-// stored (pages read in place); zero keys from there to `width`.
-void load_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo& seq, int b, int hk,
-                       int n0, int keys, int width, const TileShape& t, Scratch& ws) {
+// Key tile n_block of KV head hk packed for the tile unit (k_vnni / v_vnni blocks of t.n keys,
+// zero keys past the sequence's last) straight from where the keys are stored (pages read in
+// place). rows and zero_row are the caller's scratch (t.n pointers, d zeros).
+void pack_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo& seq, int b, int hk,
+                       int n_block, const TileShape& t, std::vector<const uint16_t*>& k_rows,
+                       std::vector<const uint16_t*>& v_rows, const uint16_t* zero_row, uint16_t* k_vnni,
+                       uint16_t* v_vnni) {
   const uint16_t* k = static_cast<const uint16_t*>(p.k);
   const uint16_t* v = static_cast<const uint16_t*>(p.v);
-  for (int j = 0; j < width; ++j) {
+  const int n0 = n_block * t.n;
+  const int keys = std::min(t.n, seq.seqlen_k - n0);
+  for (int j = 0; j < t.n; ++j) {
     if (j < keys) {
-      ws.k_rows[j] = k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
-      ws.v_rows[j] = v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
+      k_rows[j] = k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
+      v_rows[j] = v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
     } else {
-      ws.k_rows[j] = ws.v_rows[j] = ws.zero_row.data();
+      k_rows[j] = v_rows[j] = zero_row;
     }
   }
-  amx.pack_k(ws.k_rows.data(), width, t.d, ws.k_vnni.data());
-  amx.pack_v(ws.v_rows.data(), width, t.d, ws.v_vnni.data());
+  amx.pack_k(k_rows.data(), t.n, t.d, k_vnni);
+  amx.pack_v(v_rows.data(), t.n, t.d, v_vnni);
+}
+
+// bf16 K/V of the whole call packed once for the tile unit, when several query tiles read
+// each key tile (prefill): tile (b, hk, n_block) at (first_tile[b] + hk * tiles[b] + n_block)
+// blocks of t.n x d. Empty (and each work item packs its own tiles) when every key tile is
+// read once (decode).
+struct PackedKV {
+  std::vector<uint16_t> k, v;
+  std::vector<int64_t> first_tile;  // (batch)
+  std::vector<int> tiles;           // (batch) key tiles of sequence b
+
+  bool empty() const { return k.empty(); }
+  size_t offset(int b, int hk, int n_block, const TileShape& t) const {
+    return size_t(first_tile[b] + int64_t(hk) * tiles[b] + n_block) * t.n * t.d;
+  }
+};
+
+// Query tiles that read one key tile of a KV head: the query heads sharing it (unless packed
+// into the tile) times the query tiles of the longest sequence.
+int key_tile_reuse(const AttnParams& p) {
+  int m_blocks = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    m_blocks = std::max(m_blocks, ceil_div(tile_row_count(p, seq_info(p, b)), query_tile_rows(p)));
+  }
+  return units_per_sequence(p) / p.num_heads_k * m_blocks;
+}
+
+PackedKV pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, const TileShape& t) {
+  PackedKV packed;
+  if (key_tile_reuse(p) < 2) return packed;
+  int64_t total = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    packed.first_tile.push_back(total);
+    packed.tiles.push_back(ceil_div(seq_info(p, b).seqlen_k, t.n));
+    total += int64_t(p.num_heads_k) * packed.tiles.back();
+  }
+  if (total == 0) return packed;
+  packed.k.resize(size_t(total) * t.n * t.d);
+  packed.v.resize(size_t(total) * t.n * t.d);
+  const int workers = resolve_threads(p.num_threads, total);
+  std::vector<std::vector<const uint16_t*>> k_rows(workers, std::vector<const uint16_t*>(t.n));
+  std::vector<std::vector<const uint16_t*>> v_rows = k_rows;
+  const std::vector<uint16_t> zero_row(t.d, 0);
+  parallel_for(total, workers, [&](int64_t item, int worker) {
+    const int b = int(std::upper_bound(packed.first_tile.begin(), packed.first_tile.end(), item) -
+                      packed.first_tile.begin()) - 1;
+    const int64_t in_batch = item - packed.first_tile[b];
+    const int hk = int(in_batch / packed.tiles[b]), n_block = int(in_batch % packed.tiles[b]);
+    const size_t at = packed.offset(b, hk, n_block, t);
+    pack_kv_tile_bf16(amx, p, seq_info(p, b), b, hk, n_block, t, k_rows[worker], v_rows[worker],
+                      zero_row.data(), &packed.k[at], &packed.v[at]);
+  });
+  return packed;
 }
 
 // run_work_item's walk with both products on AMX tiles and row-major scores. It walks the same
@@ -390,7 +448,8 @@ void load_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo
 // online-softmax step, so that the accumulator tiles of P.V are loaded and stored once per
 // kAmxTilesPerStep tiles (D-CPU-4).
 void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKernels& amx,
-                       const ScoreUnits& units, const WorkItem& w, const TileShape& t, Scratch& ws) {
+                       const PackedKV& packed, const ScoreUnits& units, const WorkItem& w,
+                       const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
   const int rows_pad = round_up(rows, kAmxRows);
@@ -404,16 +463,27 @@ void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKe
     const int n0 = n_block * t.n;
     const int keys = std::min(step_tiles * t.n, seq.seqlen_k - n0);
     const int width = round_up(keys, kAmxPair);
-    load_kv_tile_bf16(amx, p, seq, w.b, hk, n0, keys, width, t, ws);
-    for (int i = 0; i < step_tiles; ++i) prefetch_next_tile<uint16_t>(p, seq, w.b, hk, n_block + i, tiles, t);
-    amx.scores(ws.q16.data(), rows_pad, t.d, ws.k_vnni.data(), width, ws.s.data());
+    const uint16_t* k_vnni = ws.k_vnni.data();
+    const uint16_t* v_vnni = ws.v_vnni.data();
+    if (packed.empty()) {
+      for (int i = 0; i < step_tiles; ++i) {
+        const size_t at = size_t(i) * t.n * t.d;
+        pack_kv_tile_bf16(amx, p, seq, w.b, hk, n_block + i, t, ws.k_rows, ws.v_rows, ws.zero_row.data(),
+                          &ws.k_vnni[at], &ws.v_vnni[at]);
+        prefetch_next_tile<uint16_t>(p, seq, w.b, hk, n_block + i, tiles, t);
+      }
+    } else {
+      k_vnni = &packed.k[packed.offset(w.b, hk, n_block, t)];
+      v_vnni = &packed.v[packed.offset(w.b, hk, n_block, t)];
+    }
+    amx.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
     mask(rows, n0, keys, ws, row_major_scores(ws, width));
     amx.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
     online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
       amx.row_exp2_sum(ws.s.data(), width, rows, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
     });
-    amx.pv(ws.p16.data(), rows_pad, width, ws.v_vnni.data(), t.d, ws.o.data(), t.d_pad);
+    amx.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
   }
   amx.end();
   store<Bf16>(p, seq, w, units, rows, t, ws);
@@ -489,12 +559,13 @@ void run(const AttnParams& p) {
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
   std::vector<Scratch> scratch(workers);
   const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
+  const PackedKV packed = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch[worker];
     allocate(ws, shape);
     if (amx != nullptr) {
       allocate_amx(ws, shape);
-      run_work_item_amx(p, kern, *amx, units, items[item], shape, ws);
+      run_work_item_amx(p, kern, *amx, packed, units, items[item], shape, ws);
     } else {
       run_work_item<S>(p, kern, units, items[item], shape, ws);
     }

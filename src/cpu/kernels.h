@@ -68,8 +68,10 @@ const TileKernels& tile_kernels();
 //   q       (rows_pad, d)        query rows; rows_pad a multiple of kAmxRows, zero past the last
 //   k, v    n rows of d          the key and value tiles, one pointer per key (rows read in
 //                                place: contiguous or paged); n a multiple of kAmxPair
-//   k_vnni  (d / 2, n, 2)        k_vnni[c/2][j][c%2] = k[j][c]
-//   v_vnni  (n / 2, d, 2)        v_vnni[j/2][c][j%2] = v[j][c]
+//   k_vnni  (d / 2, n, 2)        k_vnni[c/2][j][c%2] = k[j][c], one block per key tile of
+//                                tile_keys keys (the scores of a step span several blocks)
+//   v_vnni  (n / 2, d, 2)        v_vnni[j/2][c][j%2] = v[j][c]; consecutive key tiles' blocks
+//                                form one block of their keys
 //   s       (rows_pad, n) fp32   scores
 //   p       (rows_pad, n)        probabilities, 0 past the tile's keys
 // d is a multiple of kAmxPair.
@@ -82,8 +84,9 @@ struct AmxKernels {
   void (*end)();
   void (*pack_k)(const uint16_t* const* k_rows, int n, int d, uint16_t* k_vnni);
   void (*pack_v)(const uint16_t* const* v_rows, int n, int d, uint16_t* v_vnni);
-  // s = q . k^T
-  void (*scores)(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int n, float* s);
+  // s (rows_pad, n) = q . k^T, k_vnni a run of blocks of tile_keys keys (n <= their keys)
+  void (*scores)(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int tile_keys, int n,
+                 float* s);
   // tile_max[r] = max_{j < keys} s[r][j], NaN ignored.
   void (*row_max)(const float* s, int n, int rows, int keys, float* tile_max);
   // p[r][j] = bf16(exp2(s[r][j] * scale_log2 - offset[r])) for j < keys (0 past keys);

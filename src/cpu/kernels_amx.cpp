@@ -120,8 +120,10 @@ FA_AMX void pack_v(const uint16_t* const* v_rows, int n, int d, uint16_t* v_vnni
 // ---- products ----------------------------------------------------------------------------------
 
 // s (rows_pad, n) = q (rows_pad, d) . k^T; 32 x 32 blocks (16 x 32 at an odd last row tile).
-FA_AMX void scores(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int n, float* s) {
-  const int q_stride = d * 2, k_stride = n * 4, s_stride = n * 4;  // bytes
+// Keys j0.. of the block sit in k_vnni's block j0 / tile_keys (kernels.h).
+FA_AMX void scores(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int tile_keys, int n,
+                   float* s) {
+  const int q_stride = d * 2, k_stride = tile_keys * 4, s_stride = n * 4;  // bytes
   for (int r0 = 0; r0 < rows_pad; r0 += 2 * kAmxRows) {
     const bool two = r0 + 2 * kAmxRows <= rows_pad;
     for (int j0 = 0; j0 < n; j0 += 2 * kLanes) {
@@ -130,7 +132,8 @@ FA_AMX void scores(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnn
       _tile_zero(2);
       _tile_zero(3);
       for (int c0 = 0; c0 < d; c0 += kAmxPair) {
-        const uint16_t* kb = k_vnni + size_t(c0 / 2) * n * 2 + j0 * 2;
+        const uint16_t* kb = k_vnni + size_t(j0 / tile_keys) * tile_keys * d +
+                             size_t(c0 / 2) * tile_keys * 2 + (j0 % tile_keys) * 2;
         _tile_loadd(4, q + size_t(r0) * d + c0, q_stride);
         _tile_loadd(6, kb, k_stride);
         _tile_loadd(7, kb + kLanes * 2, k_stride);
