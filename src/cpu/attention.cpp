@@ -9,6 +9,8 @@
 // seqlen_q x seqlen_k is ever allocated: the scratch of one worker is a few tiles.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "api/backend.h"
@@ -188,11 +190,11 @@ void init_state(int rows, const TileShape& t, Scratch& ws) {
   std::fill(ws.state.begin(), ws.state.begin() + rows, SoftmaxRowState::empty());
 }
 
-// Keys [n0, n0 + keys) of KV head hk into ws.k and ws.v (fp32, one key per row), each key's
-// row found through the page table when K/V are paged: pages are read in place.
+// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad),
+// each key's row found through the page table when K/V are paged: pages are read in place.
 template <typename S>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
-                  const TileShape& t, Scratch& ws) {
+                  const TileShape& t, float* k_dst, float* v_dst) {
   using T = typename S::Element;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -201,9 +203,76 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
     const T* v_row =
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    load_row<S>(k_row, t.d, &ws.k[size_t(j) * t.d_pad]);
-    load_row<S>(v_row, t.d, &ws.v[size_t(j) * t.d_pad]);
+    load_row<S>(k_row, t.d, k_dst + size_t(j) * t.d_pad);
+    load_row<S>(v_row, t.d, v_dst + size_t(j) * t.d_pad);
   }
+}
+
+// ---- K/V packed once per call ------------------------------------------------------------------
+
+// The K/V tiles of the whole call in the kernels' layout (fp32 rows, or the AMX blocks), made
+// once when several query tiles read each key tile (prefill): tile (b, hk, n_block) at block
+// first_tile[b] + hk * tiles[b] + n_block of tile_elems elements. Empty when every key tile is
+// read once (decode): each work item then converts its own tiles.
+template <typename T>
+struct PackedKV {
+  std::vector<T> k, v;
+  std::vector<int64_t> first_tile;  // (batch)
+  std::vector<int> tiles;           // (batch) key tiles of sequence b
+  size_t tile_elems = 0;
+
+  bool empty() const { return k.empty(); }
+  size_t offset(int b, int hk, int n_block) const {
+    return size_t(first_tile[b] + int64_t(hk) * tiles[b] + n_block) * tile_elems;
+  }
+};
+
+// Query tiles that read one key tile of a KV head: the query heads sharing it (unless packed
+// into the tile) times the query tiles of the longest sequence.
+int key_tile_reuse(const AttnParams& p) {
+  int m_blocks = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    m_blocks = std::max(m_blocks, ceil_div(tile_row_count(p, seq_info(p, b)), query_tile_rows(p)));
+  }
+  return units_per_sequence(p) / p.num_heads_k * m_blocks;
+}
+
+// Lays the tiles out and fills each with pack_tile(b, hk, n_block, k_dst, v_dst, worker), on the
+// call's threads; empty where no key tile is read twice.
+template <typename T, typename PackTile>
+PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_elems, PackTile pack_tile) {
+  PackedKV<T> packed;
+  if (key_tile_reuse(p) < 2) return packed;
+  int64_t total = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    packed.first_tile.push_back(total);
+    packed.tiles.push_back(ceil_div(seq_info(p, b).seqlen_k, t.n));
+    total += int64_t(p.num_heads_k) * packed.tiles.back();
+  }
+  if (total == 0) return packed;
+  packed.tile_elems = tile_elems;
+  packed.k.resize(size_t(total) * tile_elems);
+  packed.v.resize(size_t(total) * tile_elems);
+  parallel_for(total, resolve_threads(p.num_threads, total), [&](int64_t item, int worker) {
+    // The sequence whose tiles hold `item` (sequences without keys hold none).
+    const int b = int(std::upper_bound(packed.first_tile.begin(), packed.first_tile.end(), item) -
+                      packed.first_tile.begin()) - 1;
+    const int64_t in_batch = item - packed.first_tile[b];
+    const int hk = int(in_batch / packed.tiles[b]), n_block = int(in_batch % packed.tiles[b]);
+    const size_t at = packed.offset(b, hk, n_block);
+    pack_tile(b, hk, n_block, &packed.k[at], &packed.v[at], worker);
+  });
+  return packed;
+}
+
+template <typename S>
+PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t) {
+  return pack_all_kv<float>(p, t, size_t(t.n) * t.d_pad,
+                            [&](int b, int hk, int n_block, float* k_dst, float* v_dst, int) {
+    const SeqInfo seq = seq_info(p, b);
+    const int n0 = n_block * t.n;
+    load_kv_tile<S>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, k_dst, v_dst);
+  });
 }
 
 // A tile of scores in either layout: score (row r, key j) at s[r * row_step + j * key_step].
@@ -322,7 +391,8 @@ void store(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, const Sco
 }
 
 template <typename S>
-void run_work_item(const AttnParams& p, const TileKernels& kern, const ScoreUnits& units,
+void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<float>& packed,
+                   const ScoreUnits& units,
                    const WorkItem& w, const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
@@ -334,16 +404,23 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const ScoreUnit
   for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
     const int n0 = n_block * t.n;
     const int keys = std::min(t.n, seq.seqlen_k - n0);
-    load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws);
-    prefetch_next_tile<typename S::Element>(p, seq, w.b, hk, n_block, tiles, t);
-    kern.scores(ws.qt.data(), kBlockM, ws.k.data(), t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
+    const float* k_tile = ws.k.data();
+    const float* v_tile = ws.v.data();
+    if (packed.empty()) {
+      load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws.k.data(), ws.v.data());
+      prefetch_next_tile<typename S::Element>(p, seq, w.b, hk, n_block, tiles, t);
+    } else {
+      k_tile = &packed.k[packed.offset(w.b, hk, n_block)];
+      v_tile = &packed.v[packed.offset(w.b, hk, n_block)];
+    }
+    kern.scores(ws.qt.data(), kBlockM, k_tile, t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
     mask(rows, n0, keys, ws, transposed_scores(ws));
     kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
     online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
       kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, offset, tile_sum);
     });
-    kern.pv(ws.st.data(), kBlockM, ws.v.data(), t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
+    kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
   }
   store<S>(p, seq, w, units, rows, t, ws);
 }
@@ -390,57 +467,17 @@ void pack_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo
   amx.pack_v(v_rows.data(), t.n, t.d, v_vnni);
 }
 
-// bf16 K/V of the whole call packed once for the tile unit, when several query tiles read
-// each key tile (prefill): tile (b, hk, n_block) at (first_tile[b] + hk * tiles[b] + n_block)
-// blocks of t.n x d. Empty (and each work item packs its own tiles) when every key tile is
-// read once (decode).
-struct PackedKV {
-  std::vector<uint16_t> k, v;
-  std::vector<int64_t> first_tile;  // (batch)
-  std::vector<int> tiles;           // (batch) key tiles of sequence b
-
-  bool empty() const { return k.empty(); }
-  size_t offset(int b, int hk, int n_block, const TileShape& t) const {
-    return size_t(first_tile[b] + int64_t(hk) * tiles[b] + n_block) * t.n * t.d;
-  }
-};
-
-// Query tiles that read one key tile of a KV head: the query heads sharing it (unless packed
-// into the tile) times the query tiles of the longest sequence.
-int key_tile_reuse(const AttnParams& p) {
-  int m_blocks = 0;
-  for (int b = 0; b < p.batch; ++b) {
-    m_blocks = std::max(m_blocks, ceil_div(tile_row_count(p, seq_info(p, b)), query_tile_rows(p)));
-  }
-  return units_per_sequence(p) / p.num_heads_k * m_blocks;
-}
-
-PackedKV pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, const TileShape& t) {
-  PackedKV packed;
-  if (key_tile_reuse(p) < 2) return packed;
-  int64_t total = 0;
-  for (int b = 0; b < p.batch; ++b) {
-    packed.first_tile.push_back(total);
-    packed.tiles.push_back(ceil_div(seq_info(p, b).seqlen_k, t.n));
-    total += int64_t(p.num_heads_k) * packed.tiles.back();
-  }
-  if (total == 0) return packed;
-  packed.k.resize(size_t(total) * t.n * t.d);
-  packed.v.resize(size_t(total) * t.n * t.d);
-  const int workers = resolve_threads(p.num_threads, total);
+PackedKV<uint16_t> pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, const TileShape& t) {
+  // As many row-pointer scratches as pack_all_kv can use workers, whatever its tile count.
+  const int workers = resolve_threads(p.num_threads, std::numeric_limits<int64_t>::max());
   std::vector<std::vector<const uint16_t*>> k_rows(workers, std::vector<const uint16_t*>(t.n));
   std::vector<std::vector<const uint16_t*>> v_rows = k_rows;
   const std::vector<uint16_t> zero_row(t.d, 0);
-  parallel_for(total, workers, [&](int64_t item, int worker) {
-    const int b = int(std::upper_bound(packed.first_tile.begin(), packed.first_tile.end(), item) -
-                      packed.first_tile.begin()) - 1;
-    const int64_t in_batch = item - packed.first_tile[b];
-    const int hk = int(in_batch / packed.tiles[b]), n_block = int(in_batch % packed.tiles[b]);
-    const size_t at = packed.offset(b, hk, n_block, t);
+  return pack_all_kv<uint16_t>(p, t, size_t(t.n) * t.d,
+                               [&](int b, int hk, int n_block, uint16_t* k_dst, uint16_t* v_dst, int worker) {
     pack_kv_tile_bf16(amx, p, seq_info(p, b), b, hk, n_block, t, k_rows[worker], v_rows[worker],
-                      zero_row.data(), &packed.k[at], &packed.v[at]);
+                      zero_row.data(), k_dst, v_dst);
   });
-  return packed;
 }
 
 // run_work_item's walk with both products on AMX tiles and row-major scores. It walks the same
@@ -448,7 +485,7 @@ PackedKV pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, const Tile
 // online-softmax step, so that the accumulator tiles of P.V are loaded and stored once per
 // kAmxTilesPerStep tiles (D-CPU-4).
 void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKernels& amx,
-                       const PackedKV& packed, const ScoreUnits& units, const WorkItem& w,
+                       const PackedKV<uint16_t>& packed, const ScoreUnits& units, const WorkItem& w,
                        const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
@@ -473,8 +510,8 @@ void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKe
         prefetch_next_tile<uint16_t>(p, seq, w.b, hk, n_block + i, tiles, t);
       }
     } else {
-      k_vnni = &packed.k[packed.offset(w.b, hk, n_block, t)];
-      v_vnni = &packed.v[packed.offset(w.b, hk, n_block, t)];
+      k_vnni = &packed.k[packed.offset(w.b, hk, n_block)];
+      v_vnni = &packed.v[packed.offset(w.b, hk, n_block)];
     }
     amx.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
@@ -559,15 +596,16 @@ void run(const AttnParams& p) {
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
   std::vector<Scratch> scratch(workers);
   const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
-  const PackedKV packed = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV{};
+  const PackedKV<uint16_t> packed_bf16 = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV<uint16_t>{};
+  const PackedKV<float> packed = amx == nullptr ? pack_all_kv_fp32<S>(p, shape) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch[worker];
     allocate(ws, shape);
     if (amx != nullptr) {
       allocate_amx(ws, shape);
-      run_work_item_amx(p, kern, *amx, packed, units, items[item], shape, ws);
+      run_work_item_amx(p, kern, *amx, packed_bf16, units, items[item], shape, ws);
     } else {
-      run_work_item<S>(p, kern, units, items[item], shape, ws);
+      run_work_item<S>(p, kern, packed, units, items[item], shape, ws);
     }
   });
   if (p.num_splits > 1) combine<S>(p);
