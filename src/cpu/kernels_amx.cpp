@@ -225,7 +225,7 @@ FA_AMX void row_exp2_sum(const float* s, int n, int rows, int keys, float scale_
     int j = 0;
     for (; j < keys; j += kLanes) {
       const __m512 x = _mm512_mask_loadu_ps(neg_inf, key_lanes(j, keys), s + size_t(r) * n + j);
-      const __m512 e = exp2_ps(_mm512_fmsub_ps(x, scale, off));  // -inf past the keys -> 0
+      const __m512 e = exp2_ps_for_bf16(_mm512_fmsub_ps(x, scale, off));  // -inf past the keys -> 0
       sum = _mm512_add_ps(sum, e);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + j), (__m256i)_mm512_cvtneps_pbh(e));
     }
