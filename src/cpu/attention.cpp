@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "api/backend.h"
@@ -76,55 +78,110 @@ TileShape tile_shape(const AttnParams& p) {
   return TileShape{p.head_dim, round_up(p.head_dim, kRowLanes), splitkv_block_n(p.head_dim)};
 }
 
-// Scratch of one worker, reused across its work items (allocated on its first item).
+// Scratch of one worker, reused across its work items and, through the pool below, across
+// calls. Allocated for one tile shape, the fp32 tiles or the AMX ones as the call needs.
 struct Scratch {
+  int d = 0, n = 0;                    // the tile shape allocated for (0: none yet)
+  bool fp32_tiles = false, amx_tiles = false;
   std::vector<TileRow> rows;           // (kBlockM)
-  std::vector<float> qt;               // (d, kBlockM)      query rows transposed, fp32
-  std::vector<float> k;                // (n, d_pad)        key tile
-  std::vector<float> v;                // (n, d_pad)        value tile, zero past column d
-  std::vector<float> st;               // (n, kBlockM)      scores, then probabilities
   std::vector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
   std::vector<SoftmaxRowState> state;  // (kBlockM)
   std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
-  // bf16 on AMX tiles only (kernels.h layouts):
+  // fp32 tiles (kernels.h layouts):
+  std::vector<float> qt;               // (d, kBlockM)      query rows transposed
+  std::vector<float> k;                // (n, d_pad)        key tile
+  std::vector<float> v;                // (n, d_pad)        value tile, zero past column d
+  std::vector<float> st;               // (n, kBlockM)      scores, then probabilities
+  // bf16 on AMX tiles:
   std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
   std::vector<const uint16_t*> k_rows, v_rows;  // (n) a tile's K / V rows (zero_row past the last key)
   std::vector<uint16_t> zero_row;        // (d)
-  std::vector<uint16_t> k_vnni, v_vnni;  // (d/2, n, 2) / (n/2, d, 2)
-  std::vector<float> s;                  // (kBlockM, n)  scores, row-major
-  std::vector<uint16_t> p16;             // (kBlockM, n)  probabilities
+  std::vector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
+  std::vector<float> s;                  // (kBlockM, step keys)  scores, row-major
+  std::vector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
 };
-
-void allocate(Scratch& ws, const TileShape& t) {
-  if (!ws.rows.empty()) return;
-  ws.rows.resize(kBlockM);
-  ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
-  ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
-  ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
-  ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
-  ws.o.assign(size_t(kBlockM) * t.d_pad, 0.0f);
-  ws.state.assign(kBlockM, SoftmaxRowState::empty());
-  for (auto* row_vector : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
-    row_vector->assign(kBlockM, 0.0f);
-  }
-}
 
 // The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-CPU-4):
 // bf16 1 x 2048 x 4 x 128 causal, 1 thread: 1 tile 128, 2 tiles 140, 4 tiles 145, 8 tiles
 // level with 4 (GFLOP/s, best of 6 alternating calls).
 constexpr int kAmxTilesPerStep = 4;
 
-void allocate_amx(Scratch& ws, const TileShape& t) {
-  if (!ws.q16.empty()) return;
-  const int step = kAmxTilesPerStep * t.n;
-  ws.q16.assign(size_t(kBlockM) * t.d, 0);
-  for (auto* tile : {&ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(step) * t.d, 0);
-  ws.k_rows.assign(t.n, nullptr);
-  ws.v_rows.assign(t.n, nullptr);
-  ws.zero_row.assign(t.d, 0);
-  ws.s.assign(size_t(kBlockM) * step, 0.0f);
-  ws.p16.assign(size_t(kBlockM) * step, 0);
+void allocate(Scratch& ws, const TileShape& t, bool amx) {
+  if (ws.d != t.d || ws.n != t.n) {
+    ws = Scratch{};
+    ws.d = t.d;
+    ws.n = t.n;
+    ws.rows.resize(kBlockM);
+    ws.o.assign(size_t(kBlockM) * t.d_pad, 0.0f);
+    ws.state.assign(kBlockM, SoftmaxRowState::empty());
+    for (auto* row_vector : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
+      row_vector->assign(kBlockM, 0.0f);
+    }
+  }
+  if (!amx && !ws.fp32_tiles) {
+    ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
+    ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
+    ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
+    ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
+    ws.fp32_tiles = true;
+  }
+  if (amx && !ws.amx_tiles) {
+    const int step = kAmxTilesPerStep * t.n;
+    ws.q16.assign(size_t(kBlockM) * t.d, 0);
+    for (auto* tile : {&ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(step) * t.d, 0);
+    ws.k_rows.assign(t.n, nullptr);
+    ws.v_rows.assign(t.n, nullptr);
+    ws.zero_row.assign(t.d, 0);
+    ws.s.assign(size_t(kBlockM) * step, 0.0f);
+    ws.p16.assign(size_t(kBlockM) * step, 0);
+    ws.amx_tiles = true;
+  }
 }
+
+// Worker scratch kept between calls, so that calls in a steady state (decode after decode)
+// allocate none: a call's workers take one each and give it back when the call ends.
+class ScratchPool {
+ public:
+  std::unique_ptr<Scratch> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) return std::make_unique<Scratch>();
+    std::unique_ptr<Scratch> ws = std::move(free_.back());
+    free_.pop_back();
+    return ws;
+  }
+  void give(std::unique_ptr<Scratch> ws) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(ws));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Scratch>> free_;
+};
+
+ScratchPool& scratch_pool() {
+  static ScratchPool pool;
+  return pool;
+}
+
+// The scratch of one call's workers: taken from the pool on a worker's first item (each worker
+// touches only its own slot), all given back however the call ends.
+class CallScratch {
+ public:
+  explicit CallScratch(int workers) : held_(workers) {}
+  ~CallScratch() {
+    for (auto& ws : held_) {
+      if (ws) scratch_pool().give(std::move(ws));
+    }
+  }
+  Scratch& of(int worker) {
+    if (!held_[worker]) held_[worker] = scratch_pool().take();
+    return *held_[worker];
+  }
+
+ private:
+  std::vector<std::unique_ptr<Scratch>> held_;
+};
 
 int tile_row_count(const AttnParams& p, const SeqInfo& seq) {
   return p.pack_gqa ? seq.seqlen_q * heads_per_kv_head(p) : seq.seqlen_q;
@@ -594,15 +651,14 @@ void run(const AttnParams& p) {
   const TileShape shape = tile_shape(p);
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
-  std::vector<Scratch> scratch(workers);
+  CallScratch scratch(workers);
   const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
   const PackedKV<uint16_t> packed_bf16 = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV<uint16_t>{};
   const PackedKV<float> packed = amx == nullptr ? pack_all_kv_fp32<S>(p, shape) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
-    Scratch& ws = scratch[worker];
-    allocate(ws, shape);
+    Scratch& ws = scratch.of(worker);
+    allocate(ws, shape, amx != nullptr);
     if (amx != nullptr) {
-      allocate_amx(ws, shape);
       run_work_item_amx(p, kern, *amx, packed_bf16, units, items[item], shape, ws);
     } else {
       run_work_item<S>(p, kern, packed, units, items[item], shape, ws);
