@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "api/backend.h"
@@ -427,13 +428,19 @@ void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, 
 // o / sum into out (storage dtype) and lse, or into the split partials (SoftmaxRowState
 // finish: a row that saw no key gets output 0 and lse -inf, a NaN row NaN).
 template <typename S>
-void store(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, const ScoreUnits& units,
-           int rows, const TileShape& t, Scratch& ws) {
+void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w,
+           const ScoreUnits& units, int rows, const TileShape& t, Scratch& ws) {
   using T = typename S::Element;
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     float* o_row = &ws.o[size_t(r) * t.d_pad];
     const SoftmaxResult result = ws.state[r].finish(units.raw_scale);
+    if (std::is_same<S, Storage<DType::bf16>>::value && p.num_splits <= 1) {
+      uint16_t* out = static_cast<uint16_t*>(p.o) + o_offset(p, seq, w.b, row.query, row.head);
+      kern.scaled_to_bf16(o_row, t.d, result.out_scale, out);
+      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = result.lse;
+      continue;
+    }
     for (int c = 0; c < t.d; ++c) o_row[c] *= result.out_scale;
     if (p.num_splits > 1) {
       const int64_t acc = accum_row(p, w.split, w.b, row.head, row.query);
@@ -479,7 +486,7 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
     });
     kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
   }
-  store<S>(p, seq, w, units, rows, t, ws);
+  store<S>(p, kern, seq, w, units, rows, t, ws);
 }
 
 // ---- bf16 on AMX tiles ----------------------------------------------------------------------
@@ -580,7 +587,7 @@ void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKe
     amx.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
   }
   amx.end();
-  store<Bf16>(p, seq, w, units, rows, t, ws);
+  store<Bf16>(p, kern, seq, w, units, rows, t, ws);
 }
 
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.

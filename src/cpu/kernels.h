@@ -41,6 +41,9 @@ struct TileKernels {
   // o[r][c] += sum_j st[j][r] * v[j][c] for r < rows, c < d_pad (a multiple of kRowLanes).
   void (*pv)(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
              float* o, int ld_o);
+
+  // dst[c] = bf16 of src[c] * scale for c < n, rounded as half.h float_to_bf16_bits (bit for bit).
+  void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);
 };
 
 // The kernel sets from the most portable to the fastest. FLASHATTN_CPU_KERNELS=portable|avx512|amx

@@ -149,10 +149,26 @@ FA_AVX512 void pv(const float* st, int ld_st, const float* v, int ld_v, int rows
   pv_blocked<kPvRows, kPvVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, o, ld_o);
 }
 
+// half.h float_to_bf16_bits on 16 lanes: round to nearest even, NaN kept quiet.
+FA_AVX512 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst) {
+  const __m512 f = _mm512_set1_ps(scale);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i half_ulp = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  for (int c = 0; c < n; c += kLanes) {
+    const __mmask16 lanes = n - c >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1u);
+    const __m512i x = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, src + c), f));
+    const __m512i rounding = _mm512_add_epi32(half_ulp, _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
+    __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(x, rounding), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs_mask), inf);
+    bits = _mm512_mask_mov_epi32(bits, nan, _mm512_or_si512(_mm512_srli_epi32(x, 16), quiet));
+    _mm256_mask_storeu_epi16(dst + c, lanes, _mm512_cvtepi32_epi16(bits));
+  }
+}
+
 }  // namespace
 
 const TileKernels* avx512_kernels() {
-  static const TileKernels kernels{"avx512", scores, tile_max, exp2_sum, scale_rows, pv};
+  static const TileKernels kernels{"avx512", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
   static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   return supported ? &kernels : nullptr;

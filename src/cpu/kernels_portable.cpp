@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/half.h"
 #include "cpu/kernels.h"
 
 namespace flashattn {
@@ -64,6 +65,10 @@ void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys
   }
 }
 
+void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst) {
+  for (int c = 0; c < n; ++c) dst[c] = float_to_bf16_bits(src[c] * scale);
+}
+
 KernelLevel highest_allowed_level() {
   const char* choice = std::getenv("FLASHATTN_CPU_KERNELS");
   if (choice == nullptr) return KernelLevel::amx;
@@ -80,7 +85,7 @@ bool kernel_level_allowed(KernelLevel level) {
 }
 
 const TileKernels& portable_kernels() {
-  static const TileKernels kernels{"portable", scores, tile_max, exp2_sum, scale_rows, pv};
+  static const TileKernels kernels{"portable", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
   return kernels;
 }
 
