@@ -109,6 +109,7 @@ enum class Kernel {
 FLASHATTN_API const char* kernel_name(Kernel kernel);  // "wgmma", ...; "automatic"
 
 enum class WgmmaTile { automatic, wide, narrow, narrow96 };
+enum class CpuKernels { automatic, portable, avx512, amx };  // the CPU backend's highest kernel set
 enum class TileOrder { automatic, per_unit, heavy_first };
 
 // For tests and timing. A forced kernel runs every call it serves; a call it does not serve
@@ -123,10 +124,12 @@ struct KernelOverride {
   // Tests only, read from FLASHATTN_KERNEL alone: CPU calls run on the zero-padded copies that
   // CUDA calls whose tensors the kernels cannot read in place use (src/api/staging.h).
   bool stage_on_cpu = false;
+  // Tests only, read from FLASHATTN_KERNEL alone: caps the CPU backend's kernel set (src/cpu/kernels.h).
+  CpuKernels cpu_kernels = CpuKernels::automatic;
 };
 
 // FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first]
-// [,combine=kernel][,pdl=off][,stage=cpu], read once per process; unset or empty: the default override.
+// [,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx], read once per process; unset or empty: the default override.
 // Throws Error(invalid_argument) naming the variable for a value it cannot parse.
 FLASHATTN_API const KernelOverride& kernel_override_from_env();
 

@@ -26,7 +26,7 @@ constexpr Named kKernels[] = {
 [[noreturn]] void bad_value(const std::string& value, const std::string& why) {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
-                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu],"
+                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx],"
                                                  " kernel one of automatic, mma, wgmma, splitkeys, deep, dims,"
                                                  " persistent, heads)");
 }
@@ -61,6 +61,12 @@ void apply_field(const std::string& field, bool first, const std::string& whole,
     o.programmatic_launch = false;
   } else if (key == "stage" && value == "cpu") {
     o.stage_on_cpu = true;
+  } else if (key == "cpu" && value == "portable") {
+    o.cpu_kernels = CpuKernels::portable;
+  } else if (key == "cpu" && value == "avx512") {
+    o.cpu_kernels = CpuKernels::avx512;
+  } else if (key == "cpu" && value == "amx") {
+    o.cpu_kernels = CpuKernels::amx;
   } else {
     bad_value(whole, "unknown setting '" + field + "'");
   }

@@ -12,8 +12,10 @@
 
 #if defined(__CUDACC__)
 #define FA_SOFTMAX_HD __host__ __device__ __forceinline__
+#define FA_SOFTMAX_UNROLL _Pragma("unroll")
 #else
 #define FA_SOFTMAX_HD inline
+#define FA_SOFTMAX_UNROLL
 #endif
 
 namespace flashattn {
@@ -49,10 +51,12 @@ struct SoftmaxRowState {
   }
 
   // The row's result once every key has been seen: raw_scale turns score units into logits
-  // (lse = max * raw_scale + log(sum)).
+  // (lse = max * raw_scale + log(sum)). A NaN score makes the sum NaN, and the row's output
+  // and LSE NaN (not the 0 and -inf of a row without keys).
   FA_SOFTMAX_HD SoftmaxResult finish(float raw_scale) const {
     if (sum > 0.0f) return SoftmaxResult{1.0f / sum, max * raw_scale + logf(sum)};
-    return SoftmaxResult{0.0f, -INFINITY};
+    if (sum == 0.0f) return SoftmaxResult{0.0f, -INFINITY};
+    return SoftmaxResult{NAN, NAN};
   }
 
   // This state's sum rescaled to another max (>= max): 0 for a state that has seen no key.
@@ -76,9 +80,9 @@ struct SoftmaxRowState {
 template <int kParts, class Part>
 FA_SOFTMAX_HD SoftmaxRowState merge_states(Part part, float scale_log2) {
   SoftmaxRowState merged = SoftmaxRowState::empty();
-#pragma unroll
+  FA_SOFTMAX_UNROLL
   for (int i = 0; i < kParts; ++i) merged.max = fmaxf(merged.max, part(i).max);
-#pragma unroll
+  FA_SOFTMAX_UNROLL
   for (int i = 0; i < kParts; ++i) merged.sum += part(i).sum_at(merged.max, scale_log2);
   return merged;
 }

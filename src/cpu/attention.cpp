@@ -3,16 +3,23 @@
 // Work item = (batch b, unit, query tile, split), where unit is the KV head with pack_gqa
 // (tile rows are (query, head) pairs, rules.h unpack_row) and the query head without it.
 // Each item walks the key tiles (splitkv_block_n(d) keys each) visible to its rows, cut by
-// split_tiles when num_splits > 1, with an online softmax (running max m, sum l, rescaled
-// fp32 accumulator). Nothing proportional to seqlen_q x seqlen_k is ever allocated: the
-// scratch of one worker is a few tiles.
+// split_tiles when num_splits > 1, with the online softmax of SoftmaxRowState (one state per
+// row) and a rescaled fp32 accumulator. The products and the softmax row passes are the tile
+// kernels of kernels.h (AVX-512 or portable, chosen at run time). Nothing proportional to
+// seqlen_q x seqlen_k is ever allocated: the scratch of one worker is a few tiles.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "api/backend.h"
 #include "common/rules.h"
 #include "common/softmax_state.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/storage.h"
 
@@ -21,16 +28,12 @@ namespace cpu {
 namespace {
 
 // Most query rows per tile (pack_gqa: (query, head) rows); the call's tile height is
-// rules.h query_tile_rows (16, 64 or 128), as in the CUDA kernels, because a tile's visible key range,
-// and so its split-KV boundaries, depend on it. One worker's scratch (128 x 128 scores,
-// 128 x d accumulator, one K/V tile) stays within L2.
+// rules.h query_tile_rows (16, 64 or 128), as in the CUDA kernels, because a tile's visible
+// key range, and so its split-KV boundaries, depend on it. It is also the leading dimension of
+// the transposed query and score tiles. One worker's scratch (128 x d queries, 128 x 128
+// scores, 128 x d accumulator, one K and one V tile) stays within L2.
 constexpr int kBlockM = kQueryTileRows;
-// Width of the register tiles of the two products (keys for q·k, columns for p·v). 16 fp32
-// fill four SSE / two AVX registers, so an accumulator row stays in registers over the loop
-// (measured: 800x800, d=256, b=2, h=4 bf16 runs at ~40 GFLOP/s on 2 cores).
-constexpr int kVec = 16;
-
-constexpr float kNegInf = -INFINITY;
+static_assert(kBlockM % kRowLanes == 0, "tile rows pad to whole row vectors");
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 int round_up(int a, int b) { return ceil_div(a, b) * b; }
@@ -44,52 +47,142 @@ struct WorkItem {
 
 // One row of a query tile.
 struct TileRow {
-  int query;    // row i within the sequence
-  int head;     // query head
+  int query;      // row i within the sequence
+  int head;       // query head
   KeyRange keys;  // keys this row sees
-  float slope;  // ALiBi slope of the head (0 without ALiBi)
+  float slope;    // ALiBi slope of the head (0 without ALiBi)
 };
 
-// Scratch of one worker, reused across its work items.
-struct Scratch {
-  std::vector<TileRow> rows;  // (kBlockM)
-  std::vector<float> q;       // (kBlockM, d_pad)  query rows, fp32
-  std::vector<float> kt;      // (d, n_pad)        key tile transposed, zero past the last key
-  std::vector<float> v;       // (n_pad, d_pad)    value tile, zero past the last key / column
-  std::vector<float> s;       // (kBlockM, n_pad)  scores, then probabilities
-  std::vector<float> o;       // (kBlockM, d_pad)  unnormalised output accumulator
-  std::vector<float> m, l;    // (kBlockM)         running max and sum
-  std::vector<char> active;   // (kBlockM)         row has a visible key in the current tile
+// How scores become softmax exponents. Plain scores (no softcap, no ALiBi, a positive scale)
+// stay raw q.k and the scale goes into the exponent, as on the GPU; otherwise the scores are
+// turned into logits (rules.h score_transform, alibi_bias) first.
+struct ScoreUnits {
+  bool logits;       // scores are transformed into logits before the softmax
+  float scale_log2;  // exp(logit - max) == exp2((x - max) * scale_log2)
+  float raw_scale;   // logit = x * raw_scale (lse = max * raw_scale + log(sum))
 };
+
+ScoreUnits score_units(const AttnParams& p) {
+  const bool plain = p.softcap <= 0.0f && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f;
+  if (plain) return ScoreUnits{false, p.softmax_scale * kLog2e, p.softmax_scale};
+  return ScoreUnits{true, kLog2e, 1.0f};
+}
 
 // Sizes of a tile, fixed for the whole call.
 struct TileShape {
   int d;      // head dim
-  int d_pad;  // d rounded up to kVec
+  int d_pad;  // d rounded up to kRowLanes (the PV kernel's column step)
   int n;      // keys per tile (splitkv_block_n)
-  int n_pad;  // n rounded up to kVec
 };
 
 TileShape tile_shape(const AttnParams& p) {
-  TileShape t;
-  t.d = p.head_dim;
-  t.d_pad = round_up(p.head_dim, kVec);
-  t.n = splitkv_block_n(p.head_dim);
-  t.n_pad = round_up(t.n, kVec);
-  return t;
+  return TileShape{p.head_dim, round_up(p.head_dim, kRowLanes), splitkv_block_n(p.head_dim)};
 }
 
-void allocate(Scratch& ws, const TileShape& t) {
-  ws.rows.resize(kBlockM);
-  ws.q.assign(size_t(kBlockM) * t.d_pad, 0.0f);
-  ws.kt.assign(size_t(t.d) * t.n_pad, 0.0f);
-  ws.v.assign(size_t(t.n_pad) * t.d_pad, 0.0f);
-  ws.s.assign(size_t(kBlockM) * t.n_pad, 0.0f);
-  ws.o.assign(size_t(kBlockM) * t.d_pad, 0.0f);
-  ws.m.assign(kBlockM, kNegInf);
-  ws.l.assign(kBlockM, 0.0f);
-  ws.active.assign(kBlockM, 0);
+// Scratch of one worker, reused across its work items and, through the pool below, across
+// calls. Allocated for one tile shape, the fp32 tiles or the AMX ones as the call needs.
+struct Scratch {
+  int d = 0, n = 0;                    // the tile shape allocated for (0: none yet)
+  bool fp32_tiles = false, amx_tiles = false;
+  std::vector<TileRow> rows;           // (kBlockM)
+  std::vector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
+  std::vector<SoftmaxRowState> state;  // (kBlockM)
+  std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
+  // fp32 tiles (kernels.h layouts):
+  std::vector<float> qt;               // (d, kBlockM)      query rows transposed
+  std::vector<float> k;                // (n, d_pad)        key tile
+  std::vector<float> v;                // (n, d_pad)        value tile, zero past column d
+  std::vector<float> st;               // (n, kBlockM)      scores, then probabilities
+  // bf16 on AMX tiles:
+  std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
+  std::vector<const uint16_t*> k_rows, v_rows;  // (n) a tile's K / V rows (zero_row past the last key)
+  std::vector<uint16_t> zero_row;        // (d)
+  std::vector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
+  std::vector<float> s;                  // (kBlockM, step keys)  scores, row-major
+  std::vector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
+};
+
+// The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-CPU-4):
+// bf16 1 x 2048 x 4 x 128 causal, 1 thread: 1 tile 128, 2 tiles 140, 4 tiles 145, 8 tiles
+// level with 4 (GFLOP/s, best of 6 alternating calls).
+constexpr int kAmxTilesPerStep = 4;
+
+void allocate(Scratch& ws, const TileShape& t, bool amx) {
+  if (ws.d != t.d || ws.n != t.n) {
+    ws = Scratch{};
+    ws.d = t.d;
+    ws.n = t.n;
+    ws.rows.resize(kBlockM);
+    ws.o.assign(size_t(kBlockM) * t.d_pad, 0.0f);
+    ws.state.assign(kBlockM, SoftmaxRowState::empty());
+    for (auto* row_vector : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
+      row_vector->assign(kBlockM, 0.0f);
+    }
+  }
+  if (!amx && !ws.fp32_tiles) {
+    ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
+    ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
+    ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
+    ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
+    ws.fp32_tiles = true;
+  }
+  if (amx && !ws.amx_tiles) {
+    const int step = kAmxTilesPerStep * t.n;
+    ws.q16.assign(size_t(kBlockM) * t.d, 0);
+    for (auto* tile : {&ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(step) * t.d, 0);
+    ws.k_rows.assign(t.n, nullptr);
+    ws.v_rows.assign(t.n, nullptr);
+    ws.zero_row.assign(t.d, 0);
+    ws.s.assign(size_t(kBlockM) * step, 0.0f);
+    ws.p16.assign(size_t(kBlockM) * step, 0);
+    ws.amx_tiles = true;
+  }
 }
+
+// Worker scratch kept between calls, so that calls in a steady state (decode after decode)
+// allocate none: a call's workers take one each and give it back when the call ends.
+class ScratchPool {
+ public:
+  std::unique_ptr<Scratch> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) return std::make_unique<Scratch>();
+    std::unique_ptr<Scratch> ws = std::move(free_.back());
+    free_.pop_back();
+    return ws;
+  }
+  void give(std::unique_ptr<Scratch> ws) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(ws));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Scratch>> free_;
+};
+
+ScratchPool& scratch_pool() {
+  static ScratchPool pool;
+  return pool;
+}
+
+// The scratch of one call's workers: taken from the pool on a worker's first item (each worker
+// touches only its own slot), all given back however the call ends.
+class CallScratch {
+ public:
+  explicit CallScratch(int workers) : held_(workers) {}
+  ~CallScratch() {
+    for (auto& ws : held_) {
+      if (ws) scratch_pool().give(std::move(ws));
+    }
+  }
+  Scratch& of(int worker) {
+    if (!held_[worker]) held_[worker] = scratch_pool().take();
+    return *held_[worker];
+  }
+
+ private:
+  std::vector<std::unique_ptr<Scratch>> held_;
+};
 
 int tile_row_count(const AttnParams& p, const SeqInfo& seq) {
   return p.pack_gqa ? seq.seqlen_q * heads_per_kv_head(p) : seq.seqlen_q;
@@ -134,6 +227,8 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
+// The tile's query rows into ws.qt (transposed, fp32); the padding rows up to a whole row
+// vector are zero, so that their scores are finite.
 template <typename S>
 void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
             const TileShape& t, Scratch& ws) {
@@ -141,20 +236,23 @@ void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows
   const T* q = static_cast<const T*>(p.q);
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
-    load_row<S>(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q[size_t(r) * t.d_pad]);
+    const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
+    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = S::load(q_row[c]);
   }
+  const int rows_pad = round_up(rows, kRowLanes);
+  for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
 }
 
 void init_state(int rows, const TileShape& t, Scratch& ws) {
   std::fill(ws.o.begin(), ws.o.begin() + size_t(rows) * t.d_pad, 0.0f);
-  std::fill(ws.m.begin(), ws.m.begin() + rows, kNegInf);
-  std::fill(ws.l.begin(), ws.l.begin() + rows, 0.0f);
+  std::fill(ws.state.begin(), ws.state.begin() + rows, SoftmaxRowState::empty());
 }
 
-// Keys [n0, n0 + keys) of KV head hk: K transposed into ws.kt, V into ws.v, both fp32.
+// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad),
+// each key's row found through the page table when K/V are paged: pages are read in place.
 template <typename S>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
-                  const TileShape& t, Scratch& ws) {
+                  const TileShape& t, float* k_dst, float* v_dst) {
   using T = typename S::Element;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -163,138 +261,206 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
     const T* v_row =
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    for (int c = 0; c < t.d; ++c) ws.kt[size_t(c) * t.n_pad + j] = S::load(k_row[c]);
-    load_row<S>(v_row, t.d, &ws.v[size_t(j) * t.d_pad]);
-  }
-  // A short last tile: zero the rest so that the register tiles below read finite numbers.
-  const int keys_pad = round_up(keys, kVec);
-  for (int j = keys; j < keys_pad; ++j) {
-    for (int c = 0; c < t.d; ++c) ws.kt[size_t(c) * t.n_pad + j] = 0.0f;
-    std::fill_n(&ws.v[size_t(j) * t.d_pad], t.d_pad, 0.0f);
+    load_row<S>(k_row, t.d, k_dst + size_t(j) * t.d_pad);
+    load_row<S>(v_row, t.d, v_dst + size_t(j) * t.d_pad);
   }
 }
 
-// s[r][j] = q_r · k_j for the tile, kVec keys at a time kept in registers.
-void qk(int rows, int keys, const TileShape& t, Scratch& ws) {
-  const int keys_pad = round_up(keys, kVec);
-  for (int r = 0; r < rows; ++r) {
-    const float* q_row = &ws.q[size_t(r) * t.d_pad];
-    float* s_row = &ws.s[size_t(r) * t.n_pad];
-    for (int j0 = 0; j0 < keys_pad; j0 += kVec) {
-      float acc[kVec] = {};
-      for (int c = 0; c < t.d; ++c) {
-        const float qc = q_row[c];
-        const float* k_col = &ws.kt[size_t(c) * t.n_pad + j0];
-        for (int jj = 0; jj < kVec; ++jj) acc[jj] += qc * k_col[jj];
-      }
-      for (int jj = 0; jj < kVec; ++jj) s_row[j0 + jj] = acc[jj];
+// ---- K/V packed once per call ------------------------------------------------------------------
+
+// The K/V tiles of the whole call in the kernels' layout (fp32 rows, or the AMX blocks), made
+// once when several query tiles read each key tile (prefill): tile (b, hk, n_block) at block
+// first_tile[b] + hk * tiles[b] + n_block of tile_elems elements. Empty when every key tile is
+// read once (decode): each work item then converts its own tiles.
+template <typename T>
+struct PackedKV {
+  std::vector<T> k, v;
+  std::vector<int64_t> first_tile;  // (batch)
+  std::vector<int> tiles;           // (batch) key tiles of sequence b
+  size_t tile_elems = 0;
+
+  bool empty() const { return k.empty(); }
+  size_t offset(int b, int hk, int n_block) const {
+    return size_t(first_tile[b] + int64_t(hk) * tiles[b] + n_block) * tile_elems;
+  }
+};
+
+// Query tiles that read one key tile of a KV head: the query heads sharing it (unless packed
+// into the tile) times the query tiles of the longest sequence.
+int key_tile_reuse(const AttnParams& p) {
+  int m_blocks = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    m_blocks = std::max(m_blocks, ceil_div(tile_row_count(p, seq_info(p, b)), query_tile_rows(p)));
+  }
+  return units_per_sequence(p) / p.num_heads_k * m_blocks;
+}
+
+// Lays the tiles out and fills each with pack_tile(b, hk, n_block, k_dst, v_dst, worker), on the
+// call's threads; empty where no key tile is read twice.
+template <typename T, typename PackTile>
+PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_elems, PackTile pack_tile) {
+  PackedKV<T> packed;
+  if (key_tile_reuse(p) < 2) return packed;
+  int64_t total = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    packed.first_tile.push_back(total);
+    packed.tiles.push_back(ceil_div(seq_info(p, b).seqlen_k, t.n));
+    total += int64_t(p.num_heads_k) * packed.tiles.back();
+  }
+  if (total == 0) return packed;
+  packed.tile_elems = tile_elems;
+  packed.k.resize(size_t(total) * tile_elems);
+  packed.v.resize(size_t(total) * tile_elems);
+  parallel_for(total, resolve_threads(p.num_threads, total), [&](int64_t item, int worker) {
+    // The sequence whose tiles hold `item` (sequences without keys hold none).
+    const int b = int(std::upper_bound(packed.first_tile.begin(), packed.first_tile.end(), item) -
+                      packed.first_tile.begin()) - 1;
+    const int64_t in_batch = item - packed.first_tile[b];
+    const int hk = int(in_batch / packed.tiles[b]), n_block = int(in_batch % packed.tiles[b]);
+    const size_t at = packed.offset(b, hk, n_block);
+    pack_tile(b, hk, n_block, &packed.k[at], &packed.v[at], worker);
+  });
+  return packed;
+}
+
+template <typename S>
+PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t) {
+  return pack_all_kv<float>(p, t, size_t(t.n) * t.d_pad,
+                            [&](int b, int hk, int n_block, float* k_dst, float* v_dst, int) {
+    const SeqInfo seq = seq_info(p, b);
+    const int n0 = n_block * t.n;
+    load_kv_tile<S>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, k_dst, v_dst);
+  });
+}
+
+// A tile of scores in either layout: score (row r, key j) at s[r * row_step + j * key_step].
+struct ScoreView {
+  float* s;
+  int row_step;
+  int key_step;
+  float& at(int r, int j) const { return s[size_t(r) * row_step + size_t(j) * key_step]; }
+};
+
+ScoreView transposed_scores(Scratch& ws) { return ScoreView{ws.st.data(), 1, kBlockM}; }
+ScoreView row_major_scores(Scratch& ws, int width) { return ScoreView{ws.s.data(), width, 1}; }
+
+// Asks the caches for keys [n0, n0 + keys) of KV head hk ahead of their use. One head of each
+// key row is a short piece of a long stride (or of a page anywhere), which the hardware
+// prefetchers follow late; decode, which reads each key once, waits on memory without this.
+template <typename T>
+void prefetch_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
+                      const TileShape& t) {
+  constexpr int kCacheLine = 64;
+  const char* k = static_cast<const char*>(p.k);
+  const char* v = static_cast<const char*>(p.v);
+  const int row_bytes = t.d * int(sizeof(T));
+  for (int j = 0; j < keys; ++j) {
+    const char* k_row = k + sizeof(T) * kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride,
+                                                      p.k_head_stride, hk);
+    const char* v_row = v + sizeof(T) * kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride,
+                                                      p.v_head_stride, hk);
+    for (int byte = 0; byte < row_bytes; byte += kCacheLine) {
+      __builtin_prefetch(k_row + byte, 0, 2);
+      __builtin_prefetch(v_row + byte, 0, 2);
     }
   }
 }
 
-// Scores -> logits: scale / softcap, ALiBi, and the mask for rows whose visible range does not
-// cover the whole tile (the others skip the mask).
-void score(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
-           const TileShape& t, Scratch& ws) {
-  const bool softcap = p.softcap > 0.0f;
+// A later key tile of the walk (kPrefetchTiles ahead) into the caches, while this one is
+// computed.
+constexpr int kPrefetchTiles = 4;
+template <typename T>
+void prefetch_next_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n_block,
+                        const KeyRange& tiles, const TileShape& t) {
+  if (n_block + kPrefetchTiles >= tiles.hi) return;
+  const int n0 = (n_block + kPrefetchTiles) * t.n;
+  prefetch_kv_tile<T>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t);
+}
+
+// Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h).
+void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
+               const Scratch& ws, const ScoreView& view) {
   const bool alibi = p.alibi_slopes != nullptr;
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
-    float* s_row = &ws.s[size_t(r) * t.n_pad];
-    if (softcap) {
-      for (int j = 0; j < keys; ++j) s_row[j] = score_transform(p, s_row[j]);
-    } else {
-      const float scale = p.softmax_scale;
-      for (int j = 0; j < keys; ++j) s_row[j] *= scale;
-    }
-    if (alibi) {
-      for (int j = 0; j < keys; ++j) {
-        s_row[j] += alibi_bias(row.slope, row.query, n0 + j, seq.seqlen_q, seq.seqlen_k);
-      }
-    }
-    const bool needs_mask = row.keys.lo > n0 || row.keys.hi < n0 + keys;
-    if (needs_mask) {
-      const int lo = std::max(row.keys.lo - n0, 0);
-      const int hi = std::min(std::max(row.keys.hi - n0, 0), keys);
-      for (int j = 0; j < keys; ++j) {
-        if (j < lo || j >= hi) s_row[j] = kNegInf;
-      }
-    }
-  }
-}
-
-// Online softmax: new running max, rescale of l and o, probabilities in place of the logits.
-// A row with no visible key in this tile keeps its state and is marked inactive.
-void online_softmax(int rows, int keys, const TileShape& t, Scratch& ws) {
-  for (int r = 0; r < rows; ++r) {
-    float* s_row = &ws.s[size_t(r) * t.n_pad];
-    float tile_max = kNegInf;
-    for (int j = 0; j < keys; ++j) tile_max = std::max(tile_max, s_row[j]);
-    ws.active[r] = tile_max != kNegInf;
-    if (!ws.active[r]) continue;
-    const float m_new = std::max(ws.m[r], tile_max);
-    const float correction = std::exp(ws.m[r] - m_new);  // 0 on the first visible tile
-    float sum = 0.0f;
     for (int j = 0; j < keys; ++j) {
-      s_row[j] = std::exp(s_row[j] - m_new);
-      sum += s_row[j];
-    }
-    ws.m[r] = m_new;
-    ws.l[r] = ws.l[r] * correction + sum;
-    if (correction != 1.0f) {
-      float* o_row = &ws.o[size_t(r) * t.d_pad];
-      for (int c = 0; c < t.d_pad; ++c) o_row[c] *= correction;
+      float& x = view.at(r, j);
+      x = score_transform(p, x);
+      if (alibi) x += alibi_bias(row.slope, row.query, n0 + j, seq.seqlen_q, seq.seqlen_k);
     }
   }
 }
 
-// o[r] += sum_j p[r][j] v_j, kVec columns at a time kept in registers.
-void pv(int rows, int keys, const TileShape& t, Scratch& ws) {
+// -inf for the keys of the tile that a row does not see (only rows whose visible range does
+// not cover the whole tile have any).
+void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) {
   for (int r = 0; r < rows; ++r) {
-    if (!ws.active[r]) continue;
-    const float* p_row = &ws.s[size_t(r) * t.n_pad];
-    float* o_row = &ws.o[size_t(r) * t.d_pad];
-    for (int c0 = 0; c0 < t.d_pad; c0 += kVec) {
-      float acc[kVec];
-      for (int cc = 0; cc < kVec; ++cc) acc[cc] = o_row[c0 + cc];
-      for (int j = 0; j < keys; ++j) {
-        const float pj = p_row[j];
-        const float* v_row = &ws.v[size_t(j) * t.d_pad + c0];
-        for (int cc = 0; cc < kVec; ++cc) acc[cc] += pj * v_row[cc];
-      }
-      for (int cc = 0; cc < kVec; ++cc) o_row[c0 + cc] = acc[cc];
-    }
+    const KeyRange& visible = ws.rows[r].keys;
+    const int lo = std::min(std::max(visible.lo - n0, 0), keys);
+    const int hi = std::max(std::min(visible.hi - n0, keys), lo);
+    for (int j = 0; j < lo; ++j) view.at(r, j) = -INFINITY;
+    for (int j = hi; j < keys; ++j) view.at(r, j) = -INFINITY;
   }
 }
 
-// o / l into out (storage dtype) and lse, or into the split partials. A row that saw no key
-// (l == 0) gets output 0 and lse -inf.
+// One online-softmax step over the tile: each row's state takes the tile's max (raise_max),
+// the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum,
+// and the accumulator rows are rescaled where the max moved. A row with a NaN score gets a NaN
+// sum (and so a NaN output); a row without a visible key keeps max -inf and sum 0.
+// exp2_sum(offsets, sums) is the layout's probability pass.
+template <typename Exp2Sum>
+void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, const TileShape& t,
+                    Scratch& ws, Exp2Sum exp2_sum) {
+  const int rows_pad = round_up(rows, kRowLanes);
+  bool rescale = false;
+  for (int r = 0; r < rows; ++r) {
+    SoftmaxRowState& state = ws.state[r];
+    ws.correction[r] = state.raise_max(std::max(state.max, ws.tile_max[r]), units.scale_log2);
+    ws.offset[r] = state.exp2_offset(units.scale_log2);
+    rescale = rescale || ws.correction[r] != 1.0f;
+  }
+  std::fill(ws.offset.begin() + rows, ws.offset.begin() + rows_pad, 0.0f);
+  exp2_sum(ws.offset.data(), ws.tile_sum.data());
+  for (int r = 0; r < rows; ++r) ws.state[r].sum += ws.tile_sum[r];
+  if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
+}
+
+// o / sum into out (storage dtype) and lse, or into the split partials (SoftmaxRowState
+// finish: a row that saw no key gets output 0 and lse -inf, a NaN row NaN).
 template <typename S>
-void store(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
-           const TileShape& t, Scratch& ws) {
+void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w,
+           const ScoreUnits& units, int rows, const TileShape& t, Scratch& ws) {
   using T = typename S::Element;
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     float* o_row = &ws.o[size_t(r) * t.d_pad];
-    const SoftmaxResult finished = SoftmaxRowState{ws.m[r], ws.l[r]}.finish(1.0f);  // m in logits
-    for (int c = 0; c < t.d; ++c) o_row[c] *= finished.out_scale;
-    const float lse = finished.lse;
+    const SoftmaxResult result = ws.state[r].finish(units.raw_scale);
+    if (std::is_same<S, Storage<DType::bf16>>::value && p.num_splits <= 1) {
+      uint16_t* out = static_cast<uint16_t*>(p.o) + o_offset(p, seq, w.b, row.query, row.head);
+      kern.scaled_to_bf16(o_row, t.d, result.out_scale, out);
+      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = result.lse;
+      continue;
+    }
+    for (int c = 0; c < t.d; ++c) o_row[c] *= result.out_scale;
     if (p.num_splits > 1) {
       const int64_t acc = accum_row(p, w.split, w.b, row.head, row.query);
       std::copy(o_row, o_row + t.d, p.o_accum + acc * t.d);
-      p.lse_accum[acc] = lse;
+      p.lse_accum[acc] = result.lse;
     } else {
       T* out = static_cast<T*>(p.o) + o_offset(p, seq, w.b, row.query, row.head);
       store_row<S>(o_row, t.d, out);
-      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = lse;
+      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = result.lse;
     }
   }
 }
 
 template <typename S>
-void run_work_item(const AttnParams& p, const WorkItem& w, const TileShape& t, Scratch& ws) {
+void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<float>& packed,
+                   const ScoreUnits& units,
+                   const WorkItem& w, const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
+  const int rows_pad = round_up(rows, kRowLanes);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
   load_q<S>(p, seq, w, rows, t, ws);
@@ -302,16 +468,133 @@ void run_work_item(const AttnParams& p, const WorkItem& w, const TileShape& t, S
   for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
     const int n0 = n_block * t.n;
     const int keys = std::min(t.n, seq.seqlen_k - n0);
-    load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws);
-    qk(rows, keys, t, ws);
-    score(p, seq, rows, n0, keys, t, ws);
-    online_softmax(rows, keys, t, ws);
-    pv(rows, keys, t, ws);
+    const float* k_tile = ws.k.data();
+    const float* v_tile = ws.v.data();
+    if (packed.empty()) {
+      load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws.k.data(), ws.v.data());
+      prefetch_next_tile<typename S::Element>(p, seq, w.b, hk, n_block, tiles, t);
+    } else {
+      k_tile = &packed.k[packed.offset(w.b, hk, n_block)];
+      v_tile = &packed.v[packed.offset(w.b, hk, n_block)];
+    }
+    kern.scores(ws.qt.data(), kBlockM, k_tile, t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
+    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
+    mask(rows, n0, keys, ws, transposed_scores(ws));
+    kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
+    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+      kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, offset, tile_sum);
+    });
+    kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
   }
-  store<S>(p, seq, w, rows, t, ws);
+  store<S>(p, kern, seq, w, units, rows, t, ws);
+}
+
+// ---- bf16 on AMX tiles ----------------------------------------------------------------------
+
+using Bf16 = Storage<DType::bf16>;
+
+bool use_amx(const AttnParams& p) {
+  return p.dtype == DType::bf16 && p.head_dim % kAmxPair == 0 && amx_kernels() != nullptr;
+}
+
+// The tile's query rows as stored (bf16), zero rows up to a whole tile register.
+void load_q_bf16(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
+                 const TileShape& t, Scratch& ws) {
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
+  for (int r = 0; r < rows; ++r) {
+    const TileRow& row = ws.rows[r];
+    std::copy_n(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q16[size_t(r) * t.d]);
+  }
+  std::fill(ws.q16.begin() + size_t(rows) * t.d, ws.q16.begin() + size_t(round_up(rows, kAmxRows)) * t.d, 0);
+}
+
+// Key tile n_block of KV head hk packed for the tile unit (k_vnni / v_vnni blocks of t.n keys,
+// zero keys past the sequence's last) straight from where the keys are stored (pages read in
+// place). rows and zero_row are the caller's scratch (t.n pointers, d zeros).
+void pack_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo& seq, int b, int hk,
+                       int n_block, const TileShape& t, std::vector<const uint16_t*>& k_rows,
+                       std::vector<const uint16_t*>& v_rows, const uint16_t* zero_row, uint16_t* k_vnni,
+                       uint16_t* v_vnni) {
+  const uint16_t* k = static_cast<const uint16_t*>(p.k);
+  const uint16_t* v = static_cast<const uint16_t*>(p.v);
+  const int n0 = n_block * t.n;
+  const int keys = std::min(t.n, seq.seqlen_k - n0);
+  for (int j = 0; j < t.n; ++j) {
+    if (j < keys) {
+      k_rows[j] = k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
+      v_rows[j] = v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
+    } else {
+      k_rows[j] = v_rows[j] = zero_row;
+    }
+  }
+  amx.pack_k(k_rows.data(), t.n, t.d, k_vnni);
+  amx.pack_v(v_rows.data(), t.n, t.d, v_vnni);
+}
+
+PackedKV<uint16_t> pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, const TileShape& t) {
+  // As many row-pointer scratches as pack_all_kv can use workers, whatever its tile count.
+  const int workers = resolve_threads(p.num_threads, std::numeric_limits<int64_t>::max());
+  std::vector<std::vector<const uint16_t*>> k_rows(workers, std::vector<const uint16_t*>(t.n));
+  std::vector<std::vector<const uint16_t*>> v_rows = k_rows;
+  const std::vector<uint16_t> zero_row(t.d, 0);
+  return pack_all_kv<uint16_t>(p, t, size_t(t.n) * t.d,
+                               [&](int b, int hk, int n_block, uint16_t* k_dst, uint16_t* v_dst, int worker) {
+    pack_kv_tile_bf16(amx, p, seq_info(p, b), b, hk, n_block, t, k_rows[worker], v_rows[worker],
+                      zero_row.data(), k_dst, v_dst);
+  });
+}
+
+// run_work_item's walk with both products on AMX tiles and row-major scores. It walks the same
+// key tiles, inside the same split boundaries, but takes up to kAmxTilesPerStep of them per
+// online-softmax step, so that the accumulator tiles of P.V are loaded and stored once per
+// kAmxTilesPerStep tiles (D-CPU-4).
+void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKernels& amx,
+                       const PackedKV<uint16_t>& packed, const ScoreUnits& units, const WorkItem& w,
+                       const TileShape& t, Scratch& ws) {
+  const SeqInfo seq = seq_info(p, w.b);
+  const int rows = tile_rows(p, seq, w, ws);
+  const int rows_pad = round_up(rows, kAmxRows);
+  const int hk = kv_head_of(p, w);
+  const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
+  load_q_bf16(p, seq, w, rows, t, ws);
+  init_state(rows, t, ws);
+  amx.begin();
+  for (int n_block = tiles.lo; n_block < tiles.hi; n_block += kAmxTilesPerStep) {
+    const int step_tiles = std::min(kAmxTilesPerStep, tiles.hi - n_block);
+    const int n0 = n_block * t.n;
+    const int keys = std::min(step_tiles * t.n, seq.seqlen_k - n0);
+    const int width = round_up(keys, kAmxPair);
+    const uint16_t* k_vnni = ws.k_vnni.data();
+    const uint16_t* v_vnni = ws.v_vnni.data();
+    if (packed.empty()) {
+      for (int i = 0; i < step_tiles; ++i) {
+        const size_t at = size_t(i) * t.n * t.d;
+        pack_kv_tile_bf16(amx, p, seq, w.b, hk, n_block + i, t, ws.k_rows, ws.v_rows, ws.zero_row.data(),
+                          &ws.k_vnni[at], &ws.v_vnni[at]);
+        prefetch_next_tile<uint16_t>(p, seq, w.b, hk, n_block + i, tiles, t);
+      }
+    } else {
+      k_vnni = &packed.k[packed.offset(w.b, hk, n_block)];
+      v_vnni = &packed.v[packed.offset(w.b, hk, n_block)];
+    }
+    amx.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
+    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
+    mask(rows, n0, keys, ws, row_major_scores(ws, width));
+    amx.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
+    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+      amx.row_exp2_sum(ws.s.data(), width, rows, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
+    });
+    amx.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
+  }
+  amx.end();
+  store<Bf16>(p, kern, seq, w, units, rows, t, ws);
 }
 
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.
+// The items of one (b, unit) are consecutive, so that its K and V stay in L2 from one query
+// tile to the next, and within it the last query tiles come first: under a causal mask they
+// see the most keys, and the threads' dynamic scheduling balances best when the short items
+// come last.
 std::vector<WorkItem> work_items(const AttnParams& p) {
   std::vector<WorkItem> items;
   const int units = units_per_sequence(p);
@@ -320,7 +603,7 @@ std::vector<WorkItem> work_items(const AttnParams& p) {
     const SeqInfo seq = seq_info(p, b);
     const int m_blocks = ceil_div(tile_row_count(p, seq), query_tile_rows(p));
     for (int unit = 0; unit < units; ++unit) {
-      for (int m_block = 0; m_block < m_blocks; ++m_block) {
+      for (int m_block = m_blocks - 1; m_block >= 0; --m_block) {
         for (int split = 0; split < splits; ++split) items.push_back({b, unit, m_block, split});
       }
     }
@@ -330,36 +613,31 @@ std::vector<WorkItem> work_items(const AttnParams& p) {
 
 // ---- combine ----------------------------------------------------------------------------------
 
-// Merges the split partials of every real row of (b, head): lse = log sum_s exp(lse_s),
-// out = sum_s exp(lse_s - lse) o_s. No visible key in any split: out 0, lse -inf.
+// Merges the split partials of every real row of (b, head) with merge_states, one split at a
+// time: each finished split is a state of its LSE (state_of_lse), and enters the output with
+// weight exp(lse_s - lse). No visible key in any split: out 0, lse -inf; a NaN split: NaN.
 template <typename S>
 void combine_rows(const AttnParams& p, int b, int head, std::vector<float>& o_row) {
   using T = typename S::Element;
   const SeqInfo seq = seq_info(p, b);
   const int d = p.head_dim;
   for (int i = 0; i < seq.seqlen_q; ++i) {
-    float lse_max = kNegInf;
+    SoftmaxRowState merged = SoftmaxRowState::empty();
     for (int split = 0; split < p.num_splits; ++split) {
-      lse_max = std::max(lse_max, p.lse_accum[accum_row(p, split, b, head, i)]);
+      const SoftmaxRowState part = state_of_lse(p.lse_accum[accum_row(p, split, b, head, i)]);
+      merged = merge_states<2>([&](int k) { return k == 0 ? merged : part; }, kLog2e);
     }
+    const SoftmaxResult result = merged.finish(1.0f);
     std::fill(o_row.begin(), o_row.end(), 0.0f);
-    float lse = kNegInf;
-    if (lse_max != kNegInf) {
-      float sum = 0.0f;
-      for (int split = 0; split < p.num_splits; ++split) {
-        sum += std::exp(p.lse_accum[accum_row(p, split, b, head, i)] - lse_max);
-      }
-      lse = lse_max + std::log(sum);
-      for (int split = 0; split < p.num_splits; ++split) {
-        const int64_t acc = accum_row(p, split, b, head, i);
-        const float weight = std::exp(p.lse_accum[acc] - lse);
-        if (weight == 0.0f) continue;  // also skips the (zero) partials of empty splits
-        const float* partial = p.o_accum + acc * d;
-        for (int c = 0; c < d; ++c) o_row[c] += weight * partial[c];
-      }
+    for (int split = 0; split < p.num_splits; ++split) {
+      const int64_t acc = accum_row(p, split, b, head, i);
+      const float weight = state_of_lse(p.lse_accum[acc]).weight_in(merged, kLog2e) * result.out_scale;
+      if (weight == 0.0f) continue;  // also skips the (zero) partials of empty splits
+      const float* partial = p.o_accum + acc * d;
+      for (int c = 0; c < d; ++c) o_row[c] += weight * partial[c];
     }
     store_row<S>(o_row.data(), d, static_cast<T*>(p.o) + o_offset(p, seq, b, i, head));
-    if (p.lse) p.lse[lse_offset(p, seq, b, i, head)] = lse;
+    if (p.lse) p.lse[lse_offset(p, seq, b, i, head)] = result.lse;
   }
 }
 
@@ -375,13 +653,23 @@ void combine(const AttnParams& p) {
 
 template <typename S>
 void run(const AttnParams& p) {
+  const TileKernels& kern = tile_kernels();
+  const ScoreUnits units = score_units(p);
   const TileShape shape = tile_shape(p);
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
-  std::vector<Scratch> scratch(workers);
-  for (Scratch& ws : scratch) allocate(ws, shape);
+  CallScratch scratch(workers);
+  const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
+  const PackedKV<uint16_t> packed_bf16 = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV<uint16_t>{};
+  const PackedKV<float> packed = amx == nullptr ? pack_all_kv_fp32<S>(p, shape) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
-    run_work_item<S>(p, items[item], shape, scratch[worker]);
+    Scratch& ws = scratch.of(worker);
+    allocate(ws, shape, amx != nullptr);
+    if (amx != nullptr) {
+      run_work_item_amx(p, kern, *amx, packed_bf16, units, items[item], shape, ws);
+    } else {
+      run_work_item<S>(p, kern, packed, units, items[item], shape, ws);
+    }
   });
   if (p.num_splits > 1) combine<S>(p);
 }

@@ -3,6 +3,8 @@
 // and agrees with one thread. Repeated runs with the same count are bit-identical (no races).
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "sweep_support.h"
 
 namespace fa_test {
@@ -60,6 +62,26 @@ TEST(Threads, DenseResultDoesNotDependOnThreadCount) {
     const Result again = run_dense(q, k, v, threads);
     EXPECT_EQ(r.out, again.out) << what << ": two runs differ";
     EXPECT_EQ(r.lse, again.lse) << what << ": two runs differ";
+  }
+}
+
+// Calls from several threads at once share one thread budget (src/cpu/parallel.h): each gets
+// the helpers left, possibly none, and every call still gives the one-call answer.
+TEST(Threads, ConcurrentCallsAgreeWithOneCall) {
+  const std::vector<double> q = random_normal(int64_t(kB) * kSq * kH * kD, 4, DType::bf16);
+  const std::vector<double> k = random_normal(int64_t(kB) * kSk * kHk * kD, 5, DType::bf16);
+  const std::vector<double> v = random_normal(int64_t(kB) * kSk * kHk * kD, 6, DType::bf16);
+  const Result alone = run_dense(q, k, v, 0);
+  constexpr int kCallers = 4;
+  std::vector<Result> results(kCallers);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] { results[c] = run_dense(q, k, v, 0); });
+  }
+  for (auto& t : callers) t.join();
+  for (int c = 0; c < kCallers; ++c) {
+    EXPECT_EQ(results[c].out, alone.out) << "caller " << c;
+    EXPECT_EQ(results[c].lse, alone.lse) << "caller " << c;
   }
 }
 

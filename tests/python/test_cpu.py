@@ -138,6 +138,22 @@ def test_dense_fully_masked_rows(rng):
     check_dense(q, k, v, out, lse, np.float32, causal=True)
 
 
+def test_nan_query_row_propagates(rng):
+    # A NaN in one query row makes that row's output and LSE NaN (not the 0 / -inf of a row
+    # without visible keys); every other row stays finite.
+    q, k, v = make_qkv(rng, 2, 7, 90, 4, 2, 64, np.float32)
+    q[1, 3, 2, 5] = np.nan
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    nan_row = np.zeros(out.shape[:3], dtype=bool)
+    nan_row[1, 3, 2] = True
+    assert np.isnan(out[nan_row]).all()
+    assert np.isfinite(out[~nan_row]).all()
+    assert np.isnan(lse[1, 2, 3])
+    lse_nan = np.zeros(lse.shape, dtype=bool)
+    lse_nan[1, 2, 3] = True
+    assert np.isfinite(lse[~lse_nan]).all()
+
+
 def test_packed_match_unpacked(rng):
     b, s, h, d = 2, 37, 4, 64
     qkv = randn(rng, (b, s, 3, h, d), np.float16)

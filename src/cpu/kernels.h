@@ -1,0 +1,108 @@
+// The CPU backend's tile micro-kernels: the two products and the row passes of the online
+// softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set and
+// one AVX-512 set (kernels_avx512.cpp), chosen once at run time by what the CPU has
+// (docs/DECISIONS-cpu.md D-CPU-1, D-CPU-2).
+//
+// Layouts (fp32, row-major, leading dimensions in elements):
+//   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to kRowLanes
+//   k   (keys, ld_k)       the key tile, one key per row
+//   v   (keys, ld_v)       the value tile, one key per row; columns padded to kRowLanes with zeros
+//   st  (keys, ld_st)      scores transposed: st[j][r] = q_r . k_j, then probabilities
+//   o   (rows, ld_o)       the unnormalised output accumulator
+// Scores are kept transposed so that every row pass of the softmax runs across query rows,
+// kRowLanes rows per vector, and neither K nor V is ever transposed (D-CPU-3).
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn {
+namespace cpu {
+
+// Query rows per vector of the row passes; tiles pad their row count to a multiple of it.
+constexpr int kRowLanes = 16;
+
+struct TileKernels {
+  const char* name;
+
+  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of kRowLanes).
+  void (*scores)(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
+                 int keys, float* st, int ld_st);
+
+  // tile_max[r] = max_j st[j][r], NaN ignored (-inf where every score is -inf or NaN).
+  void (*tile_max)(const float* st, int ld_st, int rows_pad, int keys, float* tile_max);
+
+  // st[j][r] = exp2(st[j][r] * scale_log2 - offset[r]) in place; tile_sum[r] = sum_j of them.
+  void (*exp2_sum)(float* st, int ld_st, int rows_pad, int keys, float scale_log2,
+                   const float* offset, float* tile_sum);
+
+  // o[r][c] *= factor[r] for r < rows, c < d_pad.
+  void (*scale_rows)(float* o, int ld_o, int rows, int d_pad, const float* factor);
+
+  // o[r][c] += sum_j st[j][r] * v[j][c] for r < rows, c < d_pad (a multiple of kRowLanes).
+  void (*pv)(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
+             float* o, int ld_o);
+
+  // dst[c] = bf16 of src[c] * scale for c < n, rounded as half.h float_to_bf16_bits (bit for bit).
+  void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);
+};
+
+// The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx512|amx
+// in the environment caps the level used (read once; the tests use it to check each set).
+enum class KernelLevel { portable, avx512, amx };
+bool kernel_level_allowed(KernelLevel level);
+
+// The portable set: plain loops, vectorised by the compiler for the build's target.
+const TileKernels& portable_kernels();
+
+// The AVX-512 set, or nullptr where it is not compiled in (not x86-64, or a compiler without
+// the target attribute) or the CPU lacks AVX-512 F/DQ/VL/BW.
+const TileKernels* avx512_kernels();
+
+// The set this process uses: the fastest the CPU runs within kernel_level_allowed.
+const TileKernels& tile_kernels();
+
+// ---- bf16 on AMX tiles -------------------------------------------------------------------------
+//
+// Where the CPU has AMX-BF16 (and the OS grants the tile state), bf16 inputs take both products
+// on the tile unit, with bf16 operands and fp32 accumulators, as the GPU's tensor cores do
+// (P is rounded to bf16 before P.V, as on the GPU). Scores are row-major here: the tile unit
+// needs K transposed in pairs (k_vnni) and V in key pairs (v_vnni), which the pack steps make
+// per tile, and Q and P go in as stored (D-CPU-4). Layouts (bf16 as uint16_t):
+//   q       (rows_pad, d)        query rows; rows_pad a multiple of kAmxRows, zero past the last
+//   k, v    n rows of d          the key and value tiles, one pointer per key (rows read in
+//                                place: contiguous or paged); n a multiple of kAmxPair
+//   k_vnni  (d / 2, n, 2)        k_vnni[c/2][j][c%2] = k[j][c], one block per key tile of
+//                                tile_keys keys (the scores of a step span several blocks)
+//   v_vnni  (n / 2, d, 2)        v_vnni[j/2][c][j%2] = v[j][c]; consecutive key tiles' blocks
+//                                form one block of their keys
+//   s       (rows_pad, n) fp32   scores
+//   p       (rows_pad, n)        probabilities, 0 past the tile's keys
+// d is a multiple of kAmxPair.
+constexpr int kAmxRows = 16;  // rows of a tile register
+constexpr int kAmxPair = 32;  // bf16 per tile register row (64 bytes)
+
+struct AmxKernels {
+  // Loads the tile configuration of the calling thread / releases its tile state.
+  void (*begin)();
+  void (*end)();
+  void (*pack_k)(const uint16_t* const* k_rows, int n, int d, uint16_t* k_vnni);
+  void (*pack_v)(const uint16_t* const* v_rows, int n, int d, uint16_t* v_vnni);
+  // s (rows_pad, n) = q . k^T, k_vnni a run of blocks of tile_keys keys (n <= their keys)
+  void (*scores)(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int tile_keys, int n,
+                 float* s);
+  // tile_max[r] = max_{j < keys} s[r][j], NaN ignored.
+  void (*row_max)(const float* s, int n, int rows, int keys, float* tile_max);
+  // p[r][j] = bf16(exp2(s[r][j] * scale_log2 - offset[r])) for j < keys (0 past keys);
+  // tile_sum[r] = the sum of the fp32 values.
+  void (*row_exp2_sum)(const float* s, int n, int rows, int keys, float scale_log2,
+                       const float* offset, float* tile_sum, uint16_t* p);
+  // o (rows_pad, ld_o) fp32 += p . v
+  void (*pv)(const uint16_t* p, int rows_pad, int n, const uint16_t* v_vnni, int d, float* o, int ld_o);
+};
+
+// The AMX set, or nullptr where the build, the CPU or the OS lacks it or its level is not
+// allowed.
+const AmxKernels* amx_kernels();
+
+}  // namespace cpu
+}  // namespace flashattn

@@ -1,0 +1,188 @@
+// The AVX-512 tile kernels: register-blocked products (16 zmm accumulators per block, see
+// kScoreKeys) and the softmax row passes, 16 query rows per vector. Every function carries the target attribute, so that this file
+// builds with the library's ordinary flags and runs only where avx512_kernels() found the CPU features.
+#include "cpu/kernels.h"
+
+#include "cpu/avx512_math.h"
+
+#ifdef FLASHATTN_HAVE_AVX512_KERNELS
+#include <algorithm>
+#include <cmath>
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+constexpr int kLanes = 16;      // fp32 per zmm; = kRowLanes
+// Register blocks: 16 zmm accumulators each. Scores: 8 keys x 32 query rows (per head-dim step
+// 2 loads of the query tile and 8 key broadcasts per 16 FMAs), so that a 32-row strip of the
+// transposed query tile (16 KB at d = 128) stays in L1 while the key tile streams past; PV: 8
+// rows x 32 columns. Measured against 4 x 64 blocks (single thread, fp32 1 x 1024 x 4, causal,
+// best of 3 alternating runs on the loaded machine): d = 128 70 vs 64 GFLOP/s, d = 256 72 vs 66.
+constexpr int kScoreKeys = 8, kScoreVecs = 2;
+constexpr int kPvRows = 8, kPvVecs = 2;
+static_assert(kLanes == kRowLanes, "the row passes run one zmm of rows at a time");
+
+// ---- scores: st (keys x rows) = k (keys x d) . qt (d x rows) ---------------------------------
+
+// A block of kKeys keys x kVecs*16 rows, accumulated over the whole head dim in registers.
+template <int kKeys, int kVecs>
+FA_AVX512 inline void scores_block(const float* qt, int ld_qt, const float* k, int ld_k, int d,
+                                   float* st, int ld_st) {
+  __m512 acc[kKeys][kVecs];
+  for (int i = 0; i < kKeys; ++i)
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    __m512 q[kVecs];
+    for (int v = 0; v < kVecs; ++v) q[v] = _mm512_loadu_ps(qt + size_t(c) * ld_qt + v * kLanes);
+    for (int i = 0; i < kKeys; ++i) {
+      const __m512 kc = _mm512_set1_ps(k[size_t(i) * ld_k + c]);
+      for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_fmadd_ps(kc, q[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < kKeys; ++i)
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(st + size_t(i) * ld_st + v * kLanes, acc[i][v]);
+}
+
+// Key-block tails (fewer than kKeys keys) one key at a time; called once per row strip.
+template <int kKeys, int kVecs>
+FA_AVX512 void scores_strip(const float* qt, int ld_qt, const float* k, int ld_k, int d, int keys,
+                            float* st, int ld_st) {
+  int j = 0;
+  for (; j + kKeys <= keys; j += kKeys) {
+    scores_block<kKeys, kVecs>(qt, ld_qt, k + size_t(j) * ld_k, ld_k, d, st + size_t(j) * ld_st, ld_st);
+  }
+  for (; j < keys; ++j) scores_block<1, kVecs>(qt, ld_qt, k + size_t(j) * ld_k, ld_k, d, st + size_t(j) * ld_st, ld_st);
+}
+
+// Strips of kVecs row vectors (kVecs * 16 query rows) over all keys, kKeys keys per block.
+template <int kKeys, int kVecs>
+FA_AVX512 void scores_blocked(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
+                              int keys, float* st, int ld_st) {
+  int r = 0;
+  for (; r + kVecs * kLanes <= rows_pad; r += kVecs * kLanes) {
+    scores_strip<kKeys, kVecs>(qt + r, ld_qt, k, ld_k, d, keys, st + r, ld_st);
+  }
+  for (; r < rows_pad; r += kLanes) scores_strip<kKeys, 1>(qt + r, ld_qt, k, ld_k, d, keys, st + r, ld_st);
+}
+
+FA_AVX512 void scores(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
+                      int keys, float* st, int ld_st) {
+  scores_blocked<kScoreKeys, kScoreVecs>(qt, ld_qt, k, ld_k, d, rows_pad, keys, st, ld_st);
+}
+
+// ---- softmax row passes ------------------------------------------------------------------------
+
+FA_AVX512 void tile_max(const float* st, int ld_st, int rows_pad, int keys, float* out) {
+  for (int r = 0; r < rows_pad; r += kLanes) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    // max(s, m) returns m when s is NaN: NaN scores are ignored, as in the portable set.
+    for (int j = 0; j < keys; ++j) m = _mm512_max_ps(_mm512_loadu_ps(st + size_t(j) * ld_st + r), m);
+    _mm512_storeu_ps(out + r, m);
+  }
+}
+
+FA_AVX512 void exp2_sum(float* st, int ld_st, int rows_pad, int keys, float scale_log2,
+                        const float* offset, float* tile_sum) {
+  const __m512 scale = _mm512_set1_ps(scale_log2);
+  for (int r = 0; r < rows_pad; r += kLanes) {
+    const __m512 off = _mm512_loadu_ps(offset + r);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < keys; ++j) {
+      float* s = st + size_t(j) * ld_st + r;
+      const __m512 p = exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(s), scale, off));
+      _mm512_storeu_ps(s, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    _mm512_storeu_ps(tile_sum + r, sum);
+  }
+}
+
+FA_AVX512 void scale_rows(float* o, int ld_o, int rows, int d_pad, const float* factor) {
+  for (int r = 0; r < rows; ++r) {
+    const __m512 f = _mm512_set1_ps(factor[r]);
+    float* row = o + size_t(r) * ld_o;
+    for (int c = 0; c < d_pad; c += kLanes) _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), f));
+  }
+}
+
+// ---- o (rows x d) += p (rows x keys, stored transposed in st) . v (keys x d) ---------------------
+
+// A block of kRows rows x kVecs*16 columns of o, kept in registers over all keys.
+template <int kRows, int kVecs>
+FA_AVX512 inline void pv_block(const float* st, int ld_st, const float* v, int ld_v, int keys,
+                               float* o, int ld_o) {
+  __m512 acc[kRows][kVecs];
+  for (int i = 0; i < kRows; ++i)
+    for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_loadu_ps(o + size_t(i) * ld_o + c * kLanes);
+  for (int j = 0; j < keys; ++j) {
+    __m512 vj[kVecs];
+    for (int c = 0; c < kVecs; ++c) vj[c] = _mm512_loadu_ps(v + size_t(j) * ld_v + c * kLanes);
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 p = _mm512_set1_ps(st[size_t(j) * ld_st + i]);
+      for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_fmadd_ps(p, vj[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int c = 0; c < kVecs; ++c) _mm512_storeu_ps(o + size_t(i) * ld_o + c * kLanes, acc[i][c]);
+}
+
+// Column strips of kVecs vectors for kRows rows; narrower tails one vector at a time.
+template <int kRows, int kVecs>
+FA_AVX512 void pv_rows(const float* st, int ld_st, const float* v, int ld_v, int keys, int d_pad,
+                       float* o, int ld_o) {
+  int c = 0;
+  for (; c + kVecs * kLanes <= d_pad; c += kVecs * kLanes) pv_block<kRows, kVecs>(st, ld_st, v + c, ld_v, keys, o + c, ld_o);
+  for (; c < d_pad; c += kLanes) pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, o + c, ld_o);
+}
+
+template <int kRows, int kVecs>
+FA_AVX512 void pv_blocked(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
+                          int d_pad, float* o, int ld_o) {
+  int r = 0;
+  for (; r + kRows <= rows; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, o + size_t(r) * ld_o, ld_o);
+  for (; r < rows; ++r) pv_rows<1, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, o + size_t(r) * ld_o, ld_o);
+}
+
+FA_AVX512 void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
+                  int d_pad, float* o, int ld_o) {
+  pv_blocked<kPvRows, kPvVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, o, ld_o);
+}
+
+// half.h float_to_bf16_bits on 16 lanes: round to nearest even, NaN kept quiet.
+FA_AVX512 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst) {
+  const __m512 f = _mm512_set1_ps(scale);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i half_ulp = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  for (int c = 0; c < n; c += kLanes) {
+    const __mmask16 lanes = n - c >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1u);
+    const __m512i x = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, src + c), f));
+    const __m512i rounding = _mm512_add_epi32(half_ulp, _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
+    __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(x, rounding), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs_mask), inf);
+    bits = _mm512_mask_mov_epi32(bits, nan, _mm512_or_si512(_mm512_srli_epi32(x, 16), quiet));
+    _mm256_mask_storeu_epi16(dst + c, lanes, _mm512_cvtepi32_epi16(bits));
+  }
+}
+
+}  // namespace
+
+const TileKernels* avx512_kernels() {
+  static const TileKernels kernels{"avx512", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  return supported ? &kernels : nullptr;
+}
+
+}  // namespace cpu
+}  // namespace flashattn
+
+#else  // no AVX-512 kernels in this build
+
+namespace flashattn {
+namespace cpu {
+const TileKernels* avx512_kernels() { return nullptr; }
+}  // namespace cpu
+}  // namespace flashattn
+
+#endif
