@@ -631,7 +631,7 @@ void combine_rows(const AttnParams& p, int b, int head, std::vector<float>& o_ro
     std::fill(o_row.begin(), o_row.end(), 0.0f);
     for (int split = 0; split < p.num_splits; ++split) {
       const int64_t acc = accum_row(p, split, b, head, i);
-      const float weight = state_of_lse(p.lse_accum[acc]).weight_in(merged, kLog2e) * result.out_scale;
+      const float weight = state_of_lse(p.lse_accum[acc]).weight_in(merged, kLog2e);  // exp(lse_s - lse)
       if (weight == 0.0f) continue;  // also skips the (zero) partials of empty splits
       const float* partial = p.o_accum + acc * d;
       for (int c = 0; c < d; ++c) o_row[c] += weight * partial[c];
