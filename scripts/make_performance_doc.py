@@ -195,6 +195,27 @@ def generic_section(rows):
     return ["Fields as recorded.", ""] + table(columns, body)
 
 
+# ---- the CPU backend (bench/cpu_bench.py) ----------------------------------------------------------
+
+def cpu_section(rows):
+    prefill = [r for r in rows if r["kind"] == "cpu_prefill"]
+    decode = [r for r in rows if r["kind"] == "cpu_decode"]
+    out = ["Side by side with PyTorch's CPU `scaled_dot_product_attention` on the same threads, best of",
+           "`repeat` alternating calls; decode against the bandwidth a plain `numpy.sum` shows over the",
+           "same bytes (issue 30's bars: 1.0x torch for prefill, 0.7 of numpy.sum for decode).", ""]
+    out += table(["dtype", "b, s, h/hk, d", "causal", "flashattn GFLOP/s", "torch GFLOP/s", "ratio"],
+                 [[r["dtype"], f"{r['batch']}, {r['seqlen']}, {r['heads']}/{r['kv_heads']}, {r['head_dim']}",
+                   "yes" if r["causal"] else "no", fmt(r["ours_gflops"]), fmt(r.get("torch_gflops")),
+                   fmt(r.get("ratio"), 2)] for r in prefill])
+    out += [""] + table(["decode (bf16, 32/8 heads, d 128)", "flashattn GB/s", "torch GB/s", "numpy.sum GB/s",
+                         "of numpy.sum"],
+                        [[f"b {r['batch']}, {context_label(r['context'])}, " +
+                          ("contiguous" if not r["page_size"] else f"page {r['page_size']}"),
+                          fmt(r["ours_gbs"]), fmt(r.get("torch_gbs")), fmt(r["numpy_sum_gbs"]),
+                          fmt(r["fraction_of_floor"], 2)] for r in decode])
+    return out
+
+
 SECTIONS = {"prefill": ("Prefill", prefill_section), "decode": ("Decode", decode_section)}
 
 
@@ -213,6 +234,8 @@ def load_results():
             print(f"skipped {path.name}: {e}", file=sys.stderr)
             continue
         rows = data.get("rows", []) if isinstance(data, dict) else data if isinstance(data, list) else []
+        if isinstance(data, dict) and not rows:  # bench/cpu_bench.py: prefill and decode lists
+            rows = [dict(r, kind="cpu_" + part) for part in ("prefill", "decode") for r in data.get(part, [])]
         rows = [r for r in rows if isinstance(r, dict)]
         meta = data if isinstance(data, dict) else {}
         results.append((path, meta, rows))
@@ -221,8 +244,11 @@ def load_results():
 
 def file_section(path, meta, rows):
     kinds = {r.get("kind") for r in rows}
+    cpu = bool(rows) and kinds <= {"cpu_prefill", "cpu_decode"}
     kind = kinds.pop() if len(kinds) == 1 else None
     title, make = SECTIONS.get(kind, (path.stem, generic_section))
+    if cpu:
+        title, make = f"CPU backend ({meta.get('cpu', 'CPU')}, {meta.get('threads', '?')} threads)", cpu_section
     out = [f"## {title}: `{path.name}`", ""]
     facts = [f"{name} {meta[key]}" for key, name in (("torch", "torch"), ("cudnn", "cuDNN"), ("rounds", "rounds"),
                                                       ("passes", "passes")) if key in meta]

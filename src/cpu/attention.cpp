@@ -102,7 +102,7 @@ struct Scratch {
   std::vector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
 };
 
-// The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-CPU-4):
+// The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-53):
 // bf16 1 x 2048 x 4 x 128 causal, 1 thread: 1 tile 128, 2 tiles 140, 4 tiles 145, 8 tiles
 // level with 4 (GFLOP/s, best of 6 alternating calls).
 constexpr int kAmxTilesPerStep = 4;
@@ -547,7 +547,7 @@ PackedKV<uint16_t> pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, 
 // run_work_item's walk with both products on AMX tiles and row-major scores. It walks the same
 // key tiles, inside the same split boundaries, but takes up to kAmxTilesPerStep of them per
 // online-softmax step, so that the accumulator tiles of P.V are loaded and stored once per
-// kAmxTilesPerStep tiles (D-CPU-4).
+// kAmxTilesPerStep tiles (D-53).
 void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKernels& amx,
                        const PackedKV<uint16_t>& packed, const ScoreUnits& units, const WorkItem& w,
                        const TileShape& t, Scratch& ws) {

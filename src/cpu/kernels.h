@@ -1,7 +1,7 @@
 // The CPU backend's tile micro-kernels: the two products and the row passes of the online
 // softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set and
 // one AVX-512 set (kernels_avx512.cpp), chosen once at run time by what the CPU has
-// (docs/DECISIONS-cpu.md D-CPU-1, D-CPU-2).
+// (docs/DECISIONS.md D-50, D-51).
 //
 // Layouts (fp32, row-major, leading dimensions in elements):
 //   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to kRowLanes
@@ -10,7 +10,7 @@
 //   st  (keys, ld_st)      scores transposed: st[j][r] = q_r . k_j, then probabilities
 //   o   (rows, ld_o)       the unnormalised output accumulator
 // Scores are kept transposed so that every row pass of the softmax runs across query rows,
-// kRowLanes rows per vector, and neither K nor V is ever transposed (D-CPU-3).
+// kRowLanes rows per vector, and neither K nor V is ever transposed (D-52).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +67,7 @@ const TileKernels& tile_kernels();
 // on the tile unit, with bf16 operands and fp32 accumulators, as the GPU's tensor cores do
 // (P is rounded to bf16 before P.V, as on the GPU). Scores are row-major here: the tile unit
 // needs K transposed in pairs (k_vnni) and V in key pairs (v_vnni), which the pack steps make
-// per tile, and Q and P go in as stored (D-CPU-4). Layouts (bf16 as uint16_t):
+// per tile, and Q and P go in as stored (D-53). Layouts (bf16 as uint16_t):
 //   q       (rows_pad, d)        query rows; rows_pad a multiple of kAmxRows, zero past the last
 //   k, v    n rows of d          the key and value tiles, one pointer per key (rows read in
 //                                place: contiguous or paged); n a multiple of kAmxPair
