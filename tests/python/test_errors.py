@@ -8,6 +8,8 @@ K/V caches interleaved in one buffer) keep working.
 import re
 
 import numpy as np
+import os
+
 import pytest
 
 import flashattn
@@ -239,18 +241,21 @@ def test_varlen_cu_seqlens_overflow_and_short_total(rng):
 
 
 def test_thread_start_failure_is_a_runtime_error():
-    """In a child process allowed 1 GiB more address space than it uses: 4000 thread stacks do
-    not fit (8 MiB each by default; even 1 MiB ones would not)."""
+    """In a child process allowed 2 MiB more address space than it uses, no helper thread's stack
+    (8 MiB by default) fits: the call raises RuntimeError instead of aborting. The CPU backend
+    never runs more threads than the machine has, so set_num_threads(4000) alone cannot fail."""
     import subprocess
     import sys
     import textwrap
 
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one hardware thread: no helper thread to start")
     code = textwrap.dedent("""
         import os, resource, numpy as np, flashattn
-        in_use = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGESIZE")
-        resource.setrlimit(resource.RLIMIT_AS, (in_use + (1 << 30), in_use + (1 << 30)))
         flashattn.set_num_threads(4000)
-        q = np.ones((1, 1, 4000, 16), np.float16)
+        q = np.ones((1, 1, 64, 16), np.float16)
+        in_use = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGESIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (in_use + (2 << 20), in_use + (2 << 20)))
         try:
             flashattn.flash_attn_func(q, q, q)
         except RuntimeError as e:
@@ -258,4 +263,4 @@ def test_thread_start_failure_is_a_runtime_error():
         """)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "RuntimeError: CPU backend: could not start worker thread" in run.stdout, run.stdout
+    assert "could not start worker thread" in run.stdout.lower(), run.stdout
