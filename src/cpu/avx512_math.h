@@ -20,48 +20,35 @@
 namespace flashattn {
 namespace cpu {
 
-// 2^x for x <= 0 or NaN: 2^round(x) * 2^f, f in [-0.5, 0.5], the latter from its degree-7
-// Taylor polynomial (relative error below 1e-8 on that range, under fp32's half ulp). Inputs
-// below -150 flush to 0; NaN stays NaN.
-FA_AVX512 inline __m512 exp2_ps(__m512 x) {
+// 2^x for x <= 0 or NaN: 2^round(x) * 2^f, f in [-0.5, 0.5], the latter from its Taylor
+// polynomial of degree kDegree (at most 7). Inputs below -150 flush to 0; NaN stays NaN.
+template <int kDegree>
+FA_AVX512 inline __m512 exp2_poly_ps(__m512 x) {
+  static_assert(kDegree >= 1 && kDegree <= 7, "coefficients of (ln 2)^k / k! up to k = 7");
   constexpr float kLowest = -150.0f;
-  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f,
-                  c3 = 0.05550410866482158f, c4 = 0.009618129107628477f,
-                  c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f,
-                  c7 = 1.525273380405984e-05f;
+  constexpr float kCoefficients[8] = {1.0f,
+                                      0.6931471805599453f,
+                                      0.2402265069591007f,
+                                      0.05550410866482158f,
+                                      0.009618129107628477f,
+                                      0.0013333558146428443f,
+                                      0.00015403530393381608f,
+                                      1.525273380405984e-05f};
   x = _mm512_max_ps(_mm512_set1_ps(kLowest), x);  // max returns its second operand on NaN
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(c7);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c5));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(kCoefficients[kDegree]);
+  for (int k = kDegree - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kCoefficients[k]));
   return _mm512_scalef_ps(p, n);
 }
 
-// 2^x as exp2_ps, with the degree-5 Taylor polynomial (relative error below 3e-6): for
-// probabilities that are rounded to bf16 (8 significant bits) before they are used, while
-// their fp32 row sums stay within 3e-6 (the LSE within 3e-6 absolute).
-FA_AVX512 inline __m512 exp2_ps_for_bf16(__m512 x) {
-  constexpr float kLowest = -150.0f;
-  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f,
-                  c3 = 0.05550410866482158f, c4 = 0.009618129107628477f,
-                  c5 = 0.0013333558146428443f;
-  x = _mm512_max_ps(_mm512_set1_ps(kLowest), x);  // max returns its second operand on NaN
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(c5);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+// Degree 7: relative error below 1e-8 on [-0.5, 0.5], under fp32's half ulp.
+FA_AVX512 inline __m512 exp2_ps(__m512 x) { return exp2_poly_ps<7>(x); }
+
+// Degree 5 (relative error below 3e-6): for probabilities that are rounded to bf16 (8
+// significant bits) before they are used, while their fp32 row sums stay within 3e-6 (the LSE
+// within 3e-6 absolute).
+FA_AVX512 inline __m512 exp2_ps_for_bf16(__m512 x) { return exp2_poly_ps<5>(x); }
 
 }  // namespace cpu
 }  // namespace flashattn
