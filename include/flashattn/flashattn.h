@@ -100,6 +100,7 @@ enum class Kernel {
   cpu,         // the CPU backend
   mma,         // CUDA prefill, mma.sync (sm_80 and newer; split-KV prefill)
   wgmma,       // CUDA prefill, warpgroup MMAs (sm_90)
+  warpspec,    // CUDA prefill, warp-specialised: TMA producer, two ping-pong consumers (sm_90, dense)
   splitkeys,   // CUDA decode: the four warps split each K/V tile's keys
   deep,        // CUDA decode: splitkeys on the deep K/V pipeline (sm_90, few units)
   dims,        // CUDA decode: the warps split the head dim (short split walks)

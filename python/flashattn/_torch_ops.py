@@ -45,6 +45,16 @@ def _x(t):
     return _to_dlpack(t)
 
 
+def _in(t):
+    """An input the call only reads, as _x gives it, copied first if its last dimension is strided
+    (flash_attn makes such inputs contiguous too). A tensor the call writes (out, softmax_lse, a
+    cache appended to, the workspace) goes through _x unchanged, so the library refuses a strided
+    one by name instead of writing into a copy."""
+    if (isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1):
+        t = t.contiguous()
+    return _x(t)
+
+
 def _stream(q) -> int:
     return torch._C._cuda_getCurrentRawStream(q.get_device()) if q.is_cuda else 0
 
@@ -71,25 +81,25 @@ def _eager(q) -> bool:
 
 
 def _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, left, right, softcap):
-    _C.forward(_x(q), _x(k), _x(v), _x(out), _x(lse), _x(alibi_slopes), softmax_scale, causal,
+    _C.forward(_in(q), _in(k), _in(v), _x(out), _x(lse), _in(alibi_slopes), softmax_scale, causal,
                left, right, softcap, _stream(q), _num_threads())
 
 
 def _run_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale, causal, left,
                 right, softcap):
-    _C.forward_varlen(_x(q), _x(k), _x(v), _x(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
-                      max_seqlen_q, max_seqlen_k, _x(seqused_k), _x(leftpad_k), _x(block_table),
-                      _x(lse), _x(alibi_slopes), softmax_scale, causal, left, right, softcap,
+    _C.forward_varlen(_in(q), _in(k), _in(v), _x(out), _in(cu_seqlens_q), _in(cu_seqlens_k),
+                      max_seqlen_q, max_seqlen_k, _in(seqused_k), _in(leftpad_k), _in(block_table),
+                      _x(lse), _in(alibi_slopes), softmax_scale, causal, left, right, softcap,
                       _stream(q), _num_threads())
 
 
 def _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, cache_seqlens,
                  cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale, causal,
                  left, right, softcap, rotary_interleaved, num_splits, workspace):
-    _C.forward_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(out), _x(k), _x(v), _x(rotary_cos),
-                       _x(rotary_sin), _x(cache_seqlens), _x(cache_batch_idx),
-                       _x(cache_leftpad), _x(block_table), _x(lse), _x(alibi_slopes),
+    _C.forward_kvcache(_in(q), _x(k_cache), _x(v_cache), _x(out), _in(k), _in(v), _in(rotary_cos),
+                       _in(rotary_sin), _in(cache_seqlens), _in(cache_batch_idx),
+                       _in(cache_leftpad), _in(block_table), _x(lse), _in(alibi_slopes),
                        softmax_scale, causal, left, right, softcap, rotary_interleaved,
                        num_splits, _x(workspace), _stream(q), _num_threads())
 

@@ -51,6 +51,10 @@ bool wide_decode_dims(int served_head_dim) { return served_head_dim == 64 || ser
 bool serves_wgmma(const DeviceFacts& d, const Work& w, int splits) {
   return d.sm90 && w.tile_rows == kQueryTileRows && splits == 1 && d.served_head_dim % 64 == 0;
 }
+// Dense, unpacked rows (one TMA box of Q rows per tile), tensors TMA can describe.
+bool serves_warpspec(const Problem& p, const DeviceFacts& d, const Work& w, const KernelChoice& c) {
+  return serves_wgmma(d, w, c.num_splits) && p.tma_describable && !c.pack_gqa;
+}
 bool serves_deep(const Problem& p, const DeviceFacts& d) {
   return d.sm90 && d.served_head_dim <= kDeepDecodeMaxHeadDim && !p.paged;
 }
@@ -161,6 +165,7 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
   const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma;  // D-1
   c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
   if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
+  if (o.kernel == Kernel::warpspec && serves_warpspec(p, d, w, c)) c.kernel = Kernel::warpspec;
   constexpr int64_t kMaxGridYZ = 65535;  // heavy first puts the query tiles in grid z
   bool heavy = false;
   switch (o.tile_order) {
@@ -194,6 +199,21 @@ int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_
     if (eligible(s) && efficiency(s) >= kSplitEfficiencyFraction * best) return s;
   }
   return 1;
+}
+
+bool tma_describable(const AttnParams& a) {
+  constexpr int64_t kAlign = 16, kMaxStrideBytes = int64_t(1) << 40, kMaxExtent = int64_t(1) << 31;
+  const int64_t elem = dtype_size(a.dtype);
+  auto extent_ok = [&](int64_t n) { return n >= 1 && n < kMaxExtent; };
+  auto stride_ok = [&](int64_t s) { return s > 0 && (s * elem) % kAlign == 0 && s * elem < kMaxStrideBytes; };
+  auto tensor_ok = [&](const void* base, int64_t row, int64_t head, int64_t batch) {
+    return reinterpret_cast<uintptr_t>(base) % kAlign == 0 && stride_ok(row) && stride_ok(head) && stride_ok(batch);
+  };
+  return extent_ok(a.batch) && extent_ok(a.seqlen_q) && extent_ok(a.seqlen_k) && extent_ok(a.num_heads) &&
+         extent_ok(a.num_heads_k) && extent_ok(a.head_dim) &&
+         tensor_ok(a.q, a.q_row_stride, a.q_head_stride, a.q_batch_stride) &&
+         tensor_ok(a.k, a.k_row_stride, a.k_head_stride, a.k_batch_stride) &&
+         tensor_ok(a.v, a.v_row_stride, a.v_head_stride, a.v_batch_stride);
 }
 
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/validate.h"
+#include "common/params.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -41,6 +42,11 @@ struct KernelChoice {
 int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits);
 
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k);
+
+// Whether TMA descriptors can describe q, k and v of a dense call as (rows, d, heads, batch)
+// tensors: 16-byte aligned bases, strides that are positive multiples of 16 bytes below 2^40,
+// extents in [1, 2^31) (the hardware's rules for cuTensorMapEncodeTiled; src/cuda/components/tma_tiles.h).
+bool tma_describable(const AttnParams& a);
 
 // A FLASHATTN_KERNEL value as kernel_override_from_env reads it (api/kernel_override.cpp).
 KernelOverride parse_kernel_override(const std::string& value);

@@ -19,7 +19,8 @@ struct Named {
 };
 constexpr Named kKernels[] = {
     {"automatic", Kernel::automatic}, {"cpu", Kernel::cpu},     {"mma", Kernel::mma},
-    {"wgmma", Kernel::wgmma},         {"splitkeys", Kernel::splitkeys}, {"deep", Kernel::deep},
+    {"wgmma", Kernel::wgmma},         {"warpspec", Kernel::warpspec},   {"splitkeys", Kernel::splitkeys},
+    {"deep", Kernel::deep},
     {"dims", Kernel::dims},           {"persistent", Kernel::persistent}, {"heads", Kernel::heads},
 };
 
@@ -27,7 +28,7 @@ constexpr Named kKernels[] = {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
                                                  "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx],"
-                                                 " kernel one of automatic, mma, wgmma, splitkeys, deep, dims,"
+                                                 " kernel one of automatic, mma, wgmma, warpspec, splitkeys, deep, dims,"
                                                  " persistent, heads)");
 }
 

@@ -25,6 +25,9 @@ struct Problem {
   int page_size = 0;
   int seqlen_new = 0;  // kvcache: rows of k_new
   int rotary_dim = 0;  // kvcache: 2 * rotary_cos.shape[1], 0 without rotary
+  // Dense CUDA call whose q, k and v TMA can describe (kernel_choice.h tma_describable), set
+  // from the kernel's params just before planning.
+  bool tma_describable = false;
 };
 
 Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

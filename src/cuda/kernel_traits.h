@@ -277,17 +277,12 @@ struct WgmmaTileConfig {
   static_assert(kTile != WgmmaTile::narrow96 || kHeadDim == 64, "96-key narrow tile: d = 64 only");
 };
 
-template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
-struct WgmmaTraits
-    : TileTraitsBase<Element_, kHeadDim_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, 8> {
-  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
-  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
-  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
-  using Element = Element_;
-  static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
-  static constexpr int kStages = Config::kStages;
+// The shared-memory layouts and warpgroup MMAs of a kBlockM x kBlockN tile computed by two
+// warpgroups stacked along M (64 rows each): the wgmma kernel and the warp-specialised one.
+template <typename Element, int kBlockM, int kBlockN, int kHeadDim>
+struct WgmmaTileLayouts {
   static_assert(kHeadDim % 64 == 0, "rows of whole 128-byte swizzle atoms");
-
+  static_assert(kBlockM == 128, "two warpgroups of 64 rows");
   // K-major 128-byte swizzled layouts, as wgmma's shared-memory descriptors expect them.
   using SmemLayoutAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(
@@ -312,10 +307,61 @@ struct WgmmaTraits
 
   static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
   static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
+};
+
+template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
+struct WgmmaTraits
+    : TileTraitsBase<Element_, kHeadDim_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, 8>,
+      WgmmaTileLayouts<Element_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, kHeadDim_> {
+  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
+  using Layouts = WgmmaTileLayouts<Element_, 128, Config::kBlockN, kHeadDim_>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
+  using Element = Element_;
+  using typename Layouts::SmemLayoutAtom, typename Layouts::SmemLayoutQ, typename Layouts::SmemLayoutKV,
+      typename Layouts::SmemLayoutVt;
+  using Layouts::kQElems, Layouts::kKVElems;
+  static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
+  static constexpr int kStages = Config::kStages;
+
   // Row offset tables: int64 per Q row and O row, (K, V) int64 pairs per stage.
   static constexpr int kSmemRowOffsetBytes = (2 * kBlockM + 2 * kStages * kBlockN) * int(sizeof(int64_t));
   static constexpr int kSmemBytes =
       (kQElems + 2 * kStages * kKVElems) * int(sizeof(Element)) + kSmemRowOffsetBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
+};
+
+// The warp-specialised kernel (warpspec_kernel.h): a 128-row tile computed by two consumer
+// warpgroups, its K/V tiles loaded by a producer warpgroup through TMA into kStages stages.
+// 128 keys per tile up to d = 128, 64 above (so that O, S and P fit in a consumer's registers).
+template <int kHeadDim>
+struct WarpSpecTileConfig {
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kStages = 2;
+};
+
+template <typename Element_, int kHeadDim_>
+struct WarpSpecTraits
+    : TileTraitsBase<Element_, kHeadDim_, 128, WarpSpecTileConfig<kHeadDim_>::kBlockN, 8>,
+      WgmmaTileLayouts<Element_, 128, WarpSpecTileConfig<kHeadDim_>::kBlockN, kHeadDim_> {
+  using Config = WarpSpecTileConfig<kHeadDim_>;
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
+  using Layouts = WgmmaTileLayouts<Element_, 128, Config::kBlockN, kHeadDim_>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
+  using Element = Element_;
+  using typename Layouts::SmemLayoutAtom, typename Layouts::SmemLayoutQ, typename Layouts::SmemLayoutKV,
+      typename Layouts::SmemLayoutVt;
+  using Layouts::kQElems, Layouts::kKVElems;
+  static constexpr int kStages = Config::kStages;
+  // The launch: a producer warpgroup besides Base's 8 consumer warps (whose count the O
+  // store's copy partition keeps).
+  static constexpr int kNThreads = 3 * 128;
+  static constexpr int kMinBlocksPerSm = 1;
+  static constexpr int kTileBytesQ = kQElems * int(sizeof(Element));
+  static constexpr int kTileBytesKV = kKVElems * int(sizeof(Element));
+  // Q, kStages x (K, V), the O row offsets, and 1 KB for the barriers (warpspec_kernel.h
+  // WarpSpecSmem, whose size is checked against this).
+  static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + kBlockM * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
 };
 

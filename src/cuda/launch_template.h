@@ -19,6 +19,7 @@
 #include "cuda/persistent_decode_kernel.h"
 #include "cuda/splitheads_kernel.h"
 #include "cuda/splitkeys_kernel.h"
+#include "cuda/warpspec_kernel.h"
 #include "cuda/wgmma_kernel.h"
 #include "flashattn/flashattn.h"
 
@@ -51,9 +52,10 @@ struct Instance {
 // Launches kernel over (query tiles, splits, batch x units), or (batch x units, splits, query
 // tiles) with the tiles heaviest first; the decode tile's splits of a unit form one cluster
 // where the choice asks for it and the device holds it, else the combine kernel merges them.
-template <class Traits, class Kernel>
+// The kernel's arguments are the params and `more` (the TMA descriptors of warpspec_kernel).
+template <class Traits, class Kernel, class... More>
 void launch_tile_grid(const AttnParams& p, const KernelChoice& choice, cudaStream_t stream, Kernel kernel,
-                      const char* name) {
+                      const char* name, const More&... more) {
   constexpr bool kDecodeTile = Traits::kBlockM == kQueryTileRowsDecode;
   if (p.num_splits > 1 && splitkv_block_n(p.head_dim) % Traits::kBlockN != 0) {
     // Splits are cut at splitkv_block_n-key units (as on the CPU backend), whole kernel tiles.
@@ -90,9 +92,9 @@ void launch_tile_grid(const AttnParams& p, const KernelChoice& choice, cudaStrea
     if (kp.cluster_combine) launch.in_clusters(unit_splits);
     launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index,
                                      choice.programmatic_launch);
-    check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp), name);
+    check_cuda(cudaLaunchKernelEx(&launch.config, kernel, kp, more...), name);
   } else {
-    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp, more...);
   }
   check_launch(name);
   if (kp.num_splits > 1 && !kp.cluster_combine) run_combine(kp, choice.programmatic_launch, stream);
@@ -135,6 +137,21 @@ void launch_wgmma(const AttnParams& p, const KernelChoice& choice, cudaStream_t 
 #endif
   (void)p, (void)choice, (void)stream;
   not_compiled("wgmma", kHeadDim);
+}
+
+// Warp-specialised TMA prefill (warpspec_kernel.h), sm_90a, dense calls whose tensors TMA can
+// describe (api/kernel_choice.cpp serves_warpspec).
+template <typename Element, int kHeadDim>
+void launch_warpspec(const AttnParams& p, const KernelChoice& choice, cudaStream_t stream) {
+#if defined(FLASHATTN_HAS_SM90A)
+  if constexpr (kHeadDim % 64 == 0) {
+    using T = WarpSpecTraits<Element, kHeadDim>;
+    return launch_tile_grid<T>(p, choice, stream, &fwd::warpspec_kernel<T>, "flashattn warpspec_kernel",
+                               fwd::make_tma_qkv<T>(p));
+  }
+#endif
+  (void)p, (void)choice, (void)stream;
+  not_compiled("warpspec", kHeadDim);
 }
 
 // The decode tile's keys- or dims-split kernel (splitkeys_kernel.h) on the chosen pipeline, for
@@ -252,6 +269,7 @@ void run_fwd(const AttnParams& params, const KernelChoice& choice, cudaStream_t 
   switch (choice.kernel) {
     case Kernel::mma: return launch_mma<Element, kHeadDim>(params, choice, stream);
     case Kernel::wgmma: return launch_wgmma<Element, kHeadDim>(params, choice, stream);
+    case Kernel::warpspec: return launch_warpspec<Element, kHeadDim>(params, choice, stream);
     case Kernel::splitkeys:
     case Kernel::deep:
     case Kernel::dims: return launch_splitkeys<Element, kHeadDim>(params, choice, stream);

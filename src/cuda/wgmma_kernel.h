@@ -138,35 +138,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) wg
   // ---- epilogue: normalise, LSE, O through shared memory (Q's buffer) to 16-byte row stores
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done with sQ
-  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
-  Tensor tOcO = thr_o.partition_C(cO);
-  Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
-  const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
   Tensor sO = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
-  // O staged in Q's buffer two adjacent columns at a time: one 32-bit shared store (the swizzle
-  // moves whole 16-byte chunks, so columns 2k and 2k+1 stay adjacent) at the address the CuTe
-  // tensor gives (its swizzle acts on the address bits). Written through the tensor, these
-  // were element-wise generic stores: 388 of a d = 64 s = 512 CTA's 4,726 instructions per
-  // warp (docs/DECISIONS.md D-9).
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    const SoftmaxRowState row = quad_row_state(rows[i]);
-    const float inv = row.finish(sc.raw_scale).out_scale;  // no visible key: O = 0, LSE = -inf
-    const int r = get<0>(tOcO_rc(i, 0));
-    CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); d += 2) {
-      cutlass::Array<Element, 2> pair;
-      pair[0] = static_cast<Element>(o_rc(i, d) * inv);
-      pair[1] = static_cast<Element>(o_rc(i, d + 1) * inv);
-      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(&sO(r, get<1>(tOcO_rc(i, d)))));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(reinterpret_cast<const uint32_t&>(pair))
-                   : "memory");
-    }
-    if (p.lse != nullptr && owns_row_lse && c.m0 + r < c.rows) {
-      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
-      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = row.finish(sc.raw_scale).lse;
-    }
-  }
+  stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
   __syncthreads();
 
   store_o_rows<Traits>(p, sO, o_off, tid);

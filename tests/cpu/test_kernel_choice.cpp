@@ -292,6 +292,51 @@ TEST(KernelChoice, TheCpuBackendRunsEveryCallOnTheCpu) {
   EXPECT_EQ(choose(p, forced, 0, cpu).kernel, Kernel::cpu);
 }
 
+TEST(KernelChoice, WarpspecServesDenseTmaDescribableUnpackedUnsplitPrefillOnly) {
+  flashattn::KernelOverride forced;
+  forced.kernel = Kernel::warpspec;
+  Problem dense = prefill(1024);
+  dense.tma_describable = true;
+  EXPECT_EQ(choose(dense, forced).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(dense).kernel, Kernel::wgmma);  // only when forced, until measured faster
+  Problem strided = prefill(1024);  // tma_describable false: a layout TMA cannot describe
+  EXPECT_EQ(choose(strided, forced).kernel, Kernel::wgmma);
+  EXPECT_EQ(choose(dense, forced, /*requested=*/2).kernel, Kernel::mma);  // split-KV prefill
+  EXPECT_EQ(choose(dense, forced, 0, h200(128, /*sm90=*/false)).kernel, Kernel::mma);
+  Problem packed = prefill(16);  // 16 queries x 8 heads per KV head: one packed 128-row tile
+  packed.heads = 64;
+  packed.heads_k = 8;
+  packed.tma_describable = true;
+  EXPECT_NE(choose(packed, forced).kernel, Kernel::warpspec);
+}
+
+TEST(KernelChoice, TmaDescribableFollowsTheHardwareRules) {
+  alignas(16) static char buffer[64];
+  flashattn::AttnParams a;
+  a.dtype = flashattn::DType::bf16;
+  a.batch = 2, a.seqlen_q = 100, a.seqlen_k = 300, a.num_heads = 8, a.num_heads_k = 2, a.head_dim = 128;
+  a.q = a.k = a.v = buffer;
+  a.q_row_stride = 8 * 128, a.q_head_stride = 128, a.q_batch_stride = 100 * 8 * 128;
+  a.k_row_stride = 2 * 128, a.k_head_stride = 128, a.k_batch_stride = 300 * 2 * 128;
+  a.v_row_stride = a.k_row_stride, a.v_head_stride = a.k_head_stride, a.v_batch_stride = a.k_batch_stride;
+  EXPECT_TRUE(flashattn::tma_describable(a));
+  flashattn::AttnParams b = a;
+  b.k = buffer + 2;  // base not 16-byte aligned
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = a;
+  b.v_row_stride = 2 * 128 + 4;  // 264 bytes: not a multiple of 16
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = a;
+  b.q_batch_stride = 0;  // broadcast batch
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = a;
+  b.k_head_stride = -128;  // reversed heads
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = a;
+  b.seqlen_k = 0;  // no keys: no tensor to describe
+  EXPECT_FALSE(flashattn::tma_describable(b));
+}
+
 TEST(KernelChoice, PrefillRunsWgmmaOnSm90WithOneSplitElseMma) {  // D-1
   EXPECT_EQ(choose(prefill(1024)).kernel, Kernel::wgmma);
   EXPECT_EQ(choose(prefill(1024), {}, 0, h200(128, /*sm90=*/false)).kernel, Kernel::mma);

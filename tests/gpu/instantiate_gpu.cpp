@@ -11,6 +11,7 @@ FA_INSTANTIATE_SWEEPS(Cuda, flashattn::Device::cuda);
 
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaMma, flashattn::Device::cuda, forced(Kernel::mma));
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWgmma, flashattn::Device::cuda, forced(Kernel::wgmma));
+FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWarpspec, flashattn::Device::cuda, forced(Kernel::warpspec));
 FA_INSTANTIATE_DECODE_SWEEPS_ON(CudaSplitkeys, flashattn::Device::cuda, forced(Kernel::splitkeys));
 FA_INSTANTIATE_DECODE_SWEEPS_ON(CudaDeep, flashattn::Device::cuda, forced(Kernel::deep));
 FA_INSTANTIATE_DECODE_SWEEPS_ON(CudaDims, flashattn::Device::cuda, forced(Kernel::dims));

@@ -214,6 +214,37 @@ def test_eager_matches_numpy_path():
     np.testing.assert_array_equal(got.numpy(), ref)
 
 
+def test_eager_strided_last_dim():
+    """torch inputs whose last dimension is strided are copied (as flash_attn does), in each call;
+    a cache the call appends to is not copied but refused by name, untouched."""
+    x = make_inputs()
+
+    def strided(t):  # the same values, last-dim stride 2
+        return torch.stack([t, torch.full_like(t, float("nan"))], dim=-1)[..., 0]
+
+    q, k, v, k_new = (strided(x[n]) for n in ("q", "k", "v", "k_new"))
+    assert q.stride(-1) == 2
+    assert torch.equal(flashattn.flash_attn_func(q, k, v, causal=True),
+                       flashattn.flash_attn_func(x["q"], x["k"], x["v"], causal=True))
+    packed = [strided(x[n]) for n in ("q_packed", "k_packed", "v_packed")]
+    assert torch.equal(
+        flashattn.flash_attn_varlen_func(*packed, x["cu_seqlens"], x["cu_seqlens"], 5, 5),
+        flashattn.flash_attn_varlen_func(x["q_packed"], x["k_packed"], x["v_packed"],
+                                         x["cu_seqlens"], x["cu_seqlens"], 5, 5))
+    caches = [x["k_cache"].clone(), x["v_cache"].clone()]
+    expect_caches = [x["k_cache"].clone(), x["v_cache"].clone()]
+    got = flashattn.flash_attn_with_kvcache(q, *caches, k_new, x["v_new"], cache_seqlens=5)
+    expect = flashattn.flash_attn_with_kvcache(x["q"], *expect_caches, x["k_new"], x["v_new"],
+                                               cache_seqlens=5)
+    assert torch.equal(got, expect) and torch.equal(caches[0], expect_caches[0])
+    k_cache = strided(x["k_cache"])
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match="k_cache: must have a contiguous last dimension"):
+        flashattn.flash_attn_with_kvcache(x["q"], k_cache, x["v_cache"], x["k_new"], x["v_new"],
+                                          cache_seqlens=5)
+    assert torch.equal(k_cache, before)
+
+
 def test_eager_refuses_grad():
     x = make_inputs()
     q = x["q"].clone().requires_grad_(True)

@@ -46,6 +46,47 @@ __device__ __forceinline__ void store_o_rows(const AttnParams& p, const SmemTens
   }
 }
 
+// The end of a tile computed by warpgroup MMAs (wgmma_kernel.h, warpspec_kernel.h): this
+// thread's rows of O (acc_o, partitioned by thr_o) normalised by their state and staged in sO
+// (kBlockM x kHeadDim, the Q buffer's swizzled layout), and their LSE written by one thread of
+// each quad. The caller then synchronises and stores sO (store_o_rows).
+//
+// O is staged two adjacent columns at a time: one 32-bit shared store (the swizzle moves whole
+// 16-byte chunks, so columns 2k and 2k+1 stay adjacent) at the address the CuTe tensor gives
+// (its swizzle acts on the address bits). Written through the tensor, these were element-wise
+// generic stores: 388 of a d = 64 s = 512 CTA's 4,726 instructions per warp (docs/DECISIONS.md
+// D-9).
+template <class ThrMma, class AccO, int kRows, class SO>
+__device__ __forceinline__ void stage_wgmma_o(const AttnParams& p, const CtaInfo& c, const ScoreScale& sc,
+                                              const ThrMma& thr_o, AccO& acc_o,
+                                              const SoftmaxRowState (&rows)[kRows], SO& sO) {
+  using Element = typename SO::value_type;
+  Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
+  Tensor cO = make_identity_tensor(make_shape(size<0>(sO), size<1>(sO)));  // (rows, d), flat
+  Tensor tOcO = thr_o.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
+  const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const SoftmaxRowState row = quad_row_state(rows[i]);
+    const SoftmaxResult result = row.finish(sc.raw_scale);  // no visible key: O = 0, LSE = -inf
+    const int r = get<0>(tOcO_rc(i, 0));
+    CUTE_UNROLL
+    for (int d = 0; d < size<1>(o_rc); d += 2) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = static_cast<Element>(o_rc(i, d) * result.out_scale);
+      pair[1] = static_cast<Element>(o_rc(i, d + 1) * result.out_scale);
+      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(&sO(r, get<1>(tOcO_rc(i, d)))));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(reinterpret_cast<const uint32_t&>(pair))
+                   : "memory");
+    }
+    if (p.lse != nullptr && owns_row_lse && c.m0 + r < c.rows) {
+      const PackedRow pr = tile_row_query(p, c, c.m0 + r);
+      p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = result.lse;
+    }
+  }
+}
+
 // A split's result kept in the CTA's shared memory for combine_in_cluster: O normalised by the
 // split's own sum, o[row * Traits::kMergeRowFloats + col] in fp32, and lse[row] (-inf: no key).
 struct SplitPartial {
