@@ -165,7 +165,9 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
   const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma;  // D-1
   c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
   if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
-  if (o.kernel == Kernel::warpspec && serves_warpspec(p, d, w, c)) c.kernel = Kernel::warpspec;
+  const bool warpspec_wanted =
+      o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim));  // D-62
+  if (warpspec_wanted && serves_warpspec(p, d, w, c)) c.kernel = Kernel::warpspec;
   constexpr int64_t kMaxGridYZ = 65535;  // heavy first puts the query tiles in grid z
   bool heavy = false;
   switch (o.tile_order) {

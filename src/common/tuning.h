@@ -117,6 +117,11 @@ inline bool keys_suit_96_key_tile(int seqlen_k) {
   return padded96 * 100 <= padded64 * 105;
 }
 
+// sm_90, dense calls TMA can describe: the warp-specialised kernel from d = 128 up (d = 128 and
+// 256, 1k-16k keys: 1.0-1.43x the wgmma kernel's TFLOP/s, level only at d = 128 1k causal); at
+// d = 64 the wgmma kernel's 96-key tile stays (warpspec 0.91-1.02x it) (D-62).
+inline bool warpspec_pays(int served_head_dim) { return served_head_dim >= 128; }
+
 // Query tiles start heaviest first across all units where a tile's walk grows with its rows
 // (causal, or a right window alone): +3-10% at d = 128/256 causal; without a mask the unit-by-unit
 // order keeps a unit's K/V shared in L2 (heavy first lost 5-11% there) (D-6).

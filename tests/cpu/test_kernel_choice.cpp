@@ -298,7 +298,15 @@ TEST(KernelChoice, WarpspecServesDenseTmaDescribableUnpackedUnsplitPrefillOnly) 
   Problem dense = prefill(1024);
   dense.tma_describable = true;
   EXPECT_EQ(choose(dense, forced).kernel, Kernel::warpspec);
-  EXPECT_EQ(choose(dense).kernel, Kernel::wgmma);  // only when forced, until measured faster
+  EXPECT_EQ(choose(dense).kernel, Kernel::warpspec);  // D-62: from d = 128 up
+  EXPECT_EQ(choose(dense, {}, 0, h200(256)).kernel, Kernel::warpspec);
+  Problem dense64 = prefill(1024, 64);
+  dense64.tma_describable = true;
+  EXPECT_EQ(choose(dense64, {}, 0, h200(64)).kernel, Kernel::wgmma);  // the 96-key wgmma tile stays
+  EXPECT_EQ(choose(dense64, forced, 0, h200(64)).kernel, Kernel::warpspec);
+  flashattn::KernelOverride wgmma;
+  wgmma.kernel = Kernel::wgmma;
+  EXPECT_EQ(choose(dense, wgmma).kernel, Kernel::wgmma);
   Problem strided = prefill(1024);  // tma_describable false: a layout TMA cannot describe
   EXPECT_EQ(choose(strided, forced).kernel, Kernel::wgmma);
   EXPECT_EQ(choose(dense, forced, /*requested=*/2).kernel, Kernel::mma);  // split-KV prefill
