@@ -4,13 +4,16 @@ and CUDNN_ATTENTION, on identical inputs, in one process.
 
     python3 bench/bench.py prefill --out bench/results/prefill-h200.json --plot bench/results/prefill-h200.png
     python3 bench/bench.py decode  --out bench/results/decode-h200.json  --plot bench/results/decode-h200.png
+    python3 bench/bench.py chunked --out bench/results/prefill-paged-h200.json
 
 Prefill follows the FlashAttention-2 benchmark convention: 16384 tokens per batch
 (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim), bf16, FLOPs = 4*b*h*s*s*d,
 halved when causal. Decode: q_len 1, 32 query heads, 8 KV heads, head_dim 128, bf16; bytes =
 K and V read. Times are triton.testing.do_bench medians (ms); a decode point's calls are timed
 --rounds times in turn, the whole table is measured --passes times over, and each call keeps its
-best median.
+best median. Chunked prefill: one sequence, a chunk of 512 or 2048 query tokens over 8k or 32k
+cached ones, causal, 32 query heads, 8 KV heads, d = 128, the cache contiguous and in pages of 16
+and 256 rows (TFLOP/s, paged over contiguous).
 """
 import argparse
 import json
@@ -222,8 +225,60 @@ def bench_decode(args):
     return rows
 
 
+CHUNK_HEADS, CHUNK_KV_HEADS, CHUNK_HEAD_DIM = 32, 8, 128
+
+
+def chunk_flops(chunk, cached):
+    """A causal chunk of `chunk` queries after `cached` keys: query i sees cached + i + 1 keys."""
+    keys_seen = chunk * cached + chunk * (chunk + 1) // 2
+    return 4 * CHUNK_HEADS * CHUNK_HEAD_DIM * keys_seen
+
+
+def bench_chunked(args):
+    """Chunked prefill (issue 27): one sequence's chunk of query tokens attends causally over
+    its cached tokens and itself (flash_attn_with_kvcache, the chunk's keys already in the
+    cache), with the cache contiguous and as shuffled pages; each paged time beside the
+    contiguous one, the outputs compared bit for bit."""
+    points = [(chunk, cached) for chunk in args.chunks for cached in args.cached]
+    rows = []
+    for i, (chunk, cached) in enumerate(points):
+        progress(i, len(points), f"chunk {chunk} over {cached}")
+        total = cached + chunk
+        q = torch.randn(1, chunk, CHUNK_HEADS, CHUNK_HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, total, CHUNK_KV_HEADS, CHUNK_HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        seqlens = torch.tensor([total], device="cuda", dtype=torch.int32)
+        call = lambda kc, vc, bt=None: flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                                         block_table=bt, causal=True)
+        tflops = lambda ms: chunk_flops(chunk, cached) / (ms * 1e-3) / 1e12
+        contiguous = call(k, v)
+        ms = median_ms(lambda: call(k, v))
+        row = dict(kind="chunked", chunk=chunk, cached=cached, contiguous_TFLOPs=tflops(ms))
+        for page in args.chunk_pages:
+            rows_padded = -(-total // page) * page  # whole pages
+            pad = torch.zeros(1, rows_padded - total, CHUNK_KV_HEADS, CHUNK_HEAD_DIM, device="cuda",
+                              dtype=torch.bfloat16)
+            kc, vc, bt = paged_kv(torch.cat([k, pad], 1), torch.cat([v, pad], 1), page)
+            paged_ms = median_ms(lambda: call(kc, vc, bt))
+            row[f"page{page}_TFLOPs"] = tflops(paged_ms)
+            row[f"page{page}_vs_contiguous"] = ms / paged_ms
+            row[f"page{page}_same_output"] = bool(torch.equal(call(kc, vc, bt), contiguous))
+            del kc, vc, bt
+        rows.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    progress(len(points), len(points), "done")
+    print(file=sys.stderr)
+    return rows
+
+
 def print_table(rows):
     if not rows:
+        return
+    if rows[0]["kind"] == "chunked":
+        for r in rows:
+            print("  ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
+                            for key, value in r.items()))
         return
     if rows[0]["kind"] == "prefill":
         print(f"{'d':>4} {'seqlen':>6} {'causal':>6} | {'ours':>7} {'flash':>7} {'cudnn':>7} | {'/flash':>6} {'/cudnn':>6}  TFLOP/s")
@@ -270,7 +325,7 @@ def plot(rows, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["prefill", "decode"])
+    ap.add_argument("kind", choices=["prefill", "decode", "chunked"])
     ap.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256])
     ap.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")],
                     default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -283,12 +338,18 @@ def main():
                     help="decode: each call timed this many times in turn, its best median kept")
     ap.add_argument("--passes", type=int, default=2,
                     help="decode: the whole table measured this many times over, each call's best median kept")
+    ap.add_argument("--chunks", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048],
+                    help="chunked: query tokens per chunk")
+    ap.add_argument("--cached", type=lambda s: [int(x) for x in s.split(",")], default=[8192, 32768],
+                    help="chunked: tokens already in the cache")
+    ap.add_argument("--chunk-pages", type=lambda s: [int(x) for x in s.split(",")], default=[16, 256],
+                    help="chunked: page sizes")
     ap.add_argument("--out", help="JSON file for the raw records")
     ap.add_argument("--plot", help="PNG file")
     args = ap.parse_args()
     warm_up_gpu()
     warm_up_timing()
-    rows = bench_prefill(args) if args.kind == "prefill" else bench_decode(args)
+    rows = {"prefill": bench_prefill, "decode": bench_decode, "chunked": bench_chunked}[args.kind](args)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 cudnn=torch.backends.cudnn.version(), rows=rows)
     if args.kind == "decode":
@@ -296,7 +357,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(meta, f, indent=1)
-    if args.plot:
+    if args.plot and args.kind != "chunked":
         plot(rows, args.plot)
     print_table(rows)
 
