@@ -8,8 +8,10 @@
 #   pyext     build the nanobind extension against that library (needed by bench/pytest)
 #   test      the GPU sweeps (tests/gpu): automatic choice, then every kernel forced (KernelOverride)
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check),
-#             automatic and with FLASHATTN_KERNEL forcing each decode kernel
-#   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn)
+#             automatic and with FLASHATTN_KERNEL forcing each kernel; synccheck on the
+#             prefill kernels (warpspec's mbarrier pipeline and turns, wgmma)
+#   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn), and
+#             chunked prefill over a paged cache (prefill-paged-h200.json)
 #   overhead  host time against GPU time of small decode calls (bench/probes/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
@@ -120,12 +122,20 @@ stage_sanitize() {
       tail -n 2 "$log"
     done
     # every decode kernel and mma prefill, forced, on a decode and a prefill case each
-    for kernel in mma splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
+    for kernel in mma wgmma warpspec splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
       for c in "${cases[3]}" "${cases[7]}" "${cases[0]}"; do
         echo "== $tool FLASHATTN_KERNEL=$kernel: $c" >>"$log"
         FLASHATTN_KERNEL=$kernel compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda \
           --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
       done
+    done
+  done
+  # the barriers of the mbarrier pipeline and the named-barrier turns (warpspec), and wgmma's
+  for kernel in warpspec wgmma; do
+    for c in "${cases[0]}" "${cases[1]}" "${cases[6]}"; do
+      echo "== synccheck FLASHATTN_KERNEL=$kernel: $c" >>"$log"
+      FLASHATTN_KERNEL=$kernel compute-sanitizer --tool synccheck --error-exitcode 9 "$CLI" run --device cuda \
+        --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
     done
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
@@ -155,12 +165,14 @@ stage_dram() {
   return $rc
 }
 
-# BENCH="prefill decode" (default) picks the tables; BENCH_ARGS adds bench.py options.
+# BENCH="prefill decode chunked" (default) picks the tables; BENCH_ARGS adds bench.py options.
 stage_bench() {
-  local kind
-  for kind in ${BENCH:-prefill decode}; do
-    PYTHONUNBUFFERED=1 python3 bench/bench.py "$kind" ${BENCH_ARGS:-} --out "$OUT/$kind-h200.json" \
-      --plot "$OUT/$kind-h200.png" 2>>"$OUT/bench.err"
+  local kind name
+  for kind in ${BENCH:-prefill decode chunked}; do
+    name=$kind
+    [ "$kind" = chunked ] && name=prefill-paged
+    PYTHONUNBUFFERED=1 python3 bench/bench.py "$kind" ${BENCH_ARGS:-} --out "$OUT/$name-h200.json" \
+      --plot "$OUT/$name-h200.png" 2>>"$OUT/bench.err"
   done
 }
 
