@@ -8,7 +8,8 @@
 #   pyext     build the nanobind extension against that library (needed by bench/pytest)
 #   test      the GPU sweeps (tests/gpu): automatic choice, then every kernel forced (KernelOverride)
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check),
-#             automatic and with FLASHATTN_KERNEL forcing each kernel; synccheck on the
+#             automatic and with FLASHATTN_KERNEL forcing each kernel; memcheck on the bad index
+#             values of the IndexFaults tests with each kernel forced; synccheck on the
 #             prefill kernels (warpspec's mbarrier pipeline and turns, wgmma)
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn), and
 #             chunked prefill over a paged cache (prefill-paged-h200.json)
@@ -137,6 +138,14 @@ stage_sanitize() {
       FLASHATTN_KERNEL=$kernel compute-sanitizer --tool synccheck --error-exitcode 9 "$CLI" run --device cuda \
         --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
     done
+  done
+  # Bad index values in device memory (tests/gpu/test_index_faults.cpp; the CLI cannot pass
+  # them): nothing read or written outside the tensors, on every kernel forced in turn.
+  for kernel in automatic mma splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
+    echo "== memcheck IndexFaults FLASHATTN_KERNEL=$kernel" >>"$log"
+    FLASHATTN_KERNEL=$kernel compute-sanitizer --tool memcheck --error-exitcode 9 "$CARRY/flashattn_tests_gpu" \
+      --gtest_filter='IndexFaults.*' --gtest_brief=1 >>"$log" 2>&1 || rc=1
+    tail -n 2 "$log"
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
   return $rc

@@ -17,7 +17,7 @@ if(NOT rc EQUAL 0)
 endif()
 
 # The public names: functions and the two classes (their members, Error's typeinfo/vtable).
-set(api_functions "dtype_name|device_name|dtype_size|describe|forward|forward_varlen|plan_kvcache|forward_kvcache|cuda_available|build_info|kernel_name|kernel_override_from_env")
+set(api_functions "dtype_name|device_name|dtype_size|describe|forward|forward_varlen|plan_kvcache|forward_kvcache|cuda_available|build_info|kernel_name|kernel_override_from_env|check_device_status")
 set(api_regex "^(flashattn::(${api_functions})(\\[abi:cxx11\\])?\\(|flashattn::(Tensor|Error)::|(typeinfo|typeinfo name|vtable) for flashattn::Error$)")
 
 string(REPLACE "\n" ";" lines "${out}")

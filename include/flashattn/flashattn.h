@@ -7,7 +7,8 @@
 // the address space and below 2^62 from its lowest to its highest element. A tensor the call writes
 // (out, softmax_lse, k_cache/v_cache when appending, the workspace) must not share memory with
 // another argument or with itself. Values inside index tensors are checked when they are in
-// host memory; in device memory they are not read on the host (no synchronisation).
+// host memory; in device memory they are not read on the host (no synchronisation): the kernels
+// check them instead (check_device_status, AttentionOptions::checked).
 #pragma once
 
 #include <cstddef>
@@ -127,10 +128,14 @@ struct KernelOverride {
   bool stage_on_cpu = false;
   // Tests only, read from FLASHATTN_KERNEL alone: caps the CPU backend's kernel set (src/cpu/kernels.h).
   CpuKernels cpu_kernels = CpuKernels::automatic;
+  // Read from FLASHATTN_KERNEL alone (",checked=on"): every call runs as with
+  // AttentionOptions::checked, whatever its options say.
+  bool checked = false;
 };
 
 // FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first]
-// [,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx], read once per process; unset or empty: the default override.
+// [,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx][,checked=on], read once per
+// process; unset or empty: the default override.
 // Throws Error(invalid_argument) naming the variable for a value it cannot parse.
 FLASHATTN_API const KernelOverride& kernel_override_from_env();
 
@@ -157,6 +162,10 @@ struct AttentionOptions {
   int num_threads = 0;
   // Forces a kernel (tests, timing); unset: kernel_override_from_env().
   std::optional<KernelOverride> kernel_override;
+  // CUDA: after its launches the call waits for the stream and throws the first index fault its
+  // kernels met (check_device_status). Off by default: the default path never synchronises. Also
+  // on for every call with FLASHATTN_KERNEL=...,checked=on.
+  bool checked = false;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -240,6 +249,20 @@ FLASHATTN_API Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Te
 FLASHATTN_API void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                    const Tensor& out, const KVCacheArgs& args,
                                    const AttentionOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// Index values in device memory (cu_seqlens, seqused_k, cache_seqlens, cache_leftpad,
+// cache_batch_idx, block_table) are checked by the kernels as they read them: a value out of
+// range is never used to address memory. Its sequence runs with no keys (output 0, LSE -inf),
+// or with no query rows (cu_seqlens_q: nothing written); a block_table entry out of range reads
+// its keys as zeros. The first such fault on a device is kept in a status word there.
+// ---------------------------------------------------------------------------------------------
+
+// Waits for `stream` (cudaStream_t; nullptr: every stream of the current device), reads and
+// clears the current device's status word, and throws Error(invalid_argument) naming the
+// argument, the sequence and the value of the first fault recorded since the last check.
+// Returns without error when there was none, and in a build without CUDA.
+FLASHATTN_API void check_device_status(void* stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Build information

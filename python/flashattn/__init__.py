@@ -11,6 +11,7 @@ from . import _C, interface
 from .interface import (
     KVCachePlan,
     allocate_workspace,
+    check_device_status,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,

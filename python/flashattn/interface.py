@@ -43,6 +43,7 @@ __all__ = [
     "KVCachePlan",
     "set_num_threads",
     "get_num_threads",
+    "check_device_status",
 ]
 
 KVCachePlan = namedtuple("KVCachePlan", ["num_splits", "pack_gqa", "workspace_bytes", "kernel"])
@@ -59,6 +60,27 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     return _num_threads
+
+
+def check_device_status(stream=None) -> None:
+    """Raises ValueError for the first out-of-range index value the CUDA kernels met.
+
+    Lengths and indices in GPU memory (cu_seqlens, seqused_k, cache_seqlens, cache_leftpad,
+    cache_batch_idx, block_table) are checked by the kernels, not the host: a bad one is never
+    used to address memory, its sequence gets output 0 and LSE -inf (a bad block_table entry
+    reads its page as zeros), and the first such value is recorded on the device. This waits for
+    ``stream`` (an int cudaStream_t handle, or a torch/CuPy stream object; None: every stream of
+    the current device), reads and clears that record, and raises ValueError naming the
+    argument, the sequence and the value. Without CUDA it returns. ``FLASHATTN_KERNEL=
+    automatic,checked=on`` makes every call check this itself (synchronising).
+    """
+    if stream is None:
+        handle = 0
+    elif isinstance(stream, int):
+        handle = stream
+    else:  # torch.cuda.Stream (cuda_stream) or cupy.cuda.Stream (ptr)
+        handle = int(getattr(stream, "cuda_stream", getattr(stream, "ptr", 0)))
+    _C.check_device_status(handle)
 
 
 # ---- argument checks done here (the rest is validated by the C++ library) ----------------------

@@ -334,6 +334,13 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
                              call.args, options);
 }
 
+// Waits for the stream (0: the whole current device), then throws the first index fault its
+// kernels recorded (flashattn::check_device_status).
+void check_device_status(std::uintptr_t stream) {
+  nb::gil_scoped_release nogil;
+  flashattn::check_device_status(reinterpret_cast<void*>(stream));
+}
+
 // Address of an array's first element (for aligning a workspace slice in Python).
 std::uintptr_t data_ptr(nb::handle obj) {
   nb::ndarray<nb::ro> array;
@@ -398,6 +405,7 @@ NB_MODULE(_C, m) {
         nb::arg("num_splits"), nb::arg("workspace").none(), nb::arg("stream"),
         nb::arg("num_threads"));
   m.def("data_ptr", &data_ptr, nb::arg("array"));
+  m.def("check_device_status", &check_device_status, nb::arg("stream"));
   m.def("cuda_available", &flashattn::cuda_available);
   m.def("build_info", &flashattn::build_info);
   m.attr("BF16_BITS_TAG") = kBf16BitsTag;

@@ -41,6 +41,13 @@ DeviceProperties device_properties(int device_index, DType dtype, int head_dim, 
 // Runs the chosen kernel (api/kernel_choice.h) of the instance serving params.head_dim.
 void run_attention(const AttnParams& params, const KernelChoice& choice, void* stream);
 void run_append(const AppendParams& params, bool programmatic_launch, void* stream);
+// Index faults (common/index_faults.h, cuda/backend.cu): the status word of a device, where its
+// kernels record the first fault (AttnParams::status, AppendParams::status), and its reading:
+// take_index_fault waits for `stream` (nullptr: the whole device), then reads the device's word,
+// clears it and returns whether it held a fault (into `fault`).
+DeviceStatus* device_status(int device_index);
+int current_device();
+bool take_index_fault(void* stream, int device_index, IndexFault& fault);
 // Scratch for a call that was not given a workspace: the stream's cached buffer (grown when a
 // call needs more), held by this call until release_scratch so that no other host thread's
 // call on the stream can grow it meanwhile; while the stream is being captured into a CUDA

@@ -1,6 +1,9 @@
 // The public entry points: validate -> plan -> fill parameters -> run on a backend.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "api/backend.h"
 #include "api/plan.h"
@@ -79,6 +82,12 @@ void set_options(AttnParams& a, const Problem& p, const AttentionOptions& o) {
   a.num_threads = o.num_threads;
 }
 
+// Where a CUDA call's kernels record an index fault; the CPU backend gets none (the host checked
+// the values it reads).
+DeviceStatus* status_word(const Problem& p) {
+  return p.device == Device::cuda ? cuda::device_status(p.device_index) : nullptr;
+}
+
 AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, const AttentionOptions& o) {
   AttnParams a;
@@ -101,16 +110,55 @@ AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const
   a.head_dim = kernel_head_dim(p);
   a.seqlen_q = p.seqlen_q;
   a.seqlen_k = p.seqlen_k;
+  // Bounds of the index values the kernels read (rules.h seq_info_read); varlen q and k are
+  // (total, heads, d).
+  a.total_q = q.ndim == 3 ? int(q.shape[0]) : 0;
+  a.total_k = k.ndim == 3 ? int(k.shape[0]) : 0;
+  a.key_capacity = p.seqlen_k;
+  a.status = status_word(p);
   set_options(a, p, o);
   return a;
 }
 
-void set_paging(AttnParams& a, const Tensor& block_table, int page_size) {
+// cache: the paged K/V tensor (num_pages, page_size, hk, d), whose pages bound the entries.
+void set_paging(AttnParams& a, const Tensor& block_table, int page_size, const Tensor& cache) {
   if (!block_table.defined()) return;
   a.block_table = ints(block_table);
   a.block_table_batch_stride = block_table.stride[0];
   a.block_table_pages = int(block_table.shape[1]);
   a.page_size = page_size;
+  a.num_pages = int(cache.shape[0]);
+  a.key_capacity = int(std::min<int64_t>(block_table.shape[1] * int64_t(page_size), INT32_MAX));
+}
+
+// ---- index faults (common/index_faults.h) ------------------------------------------------------
+
+// The checked mode: the option, or FLASHATTN_KERNEL=...,checked=on for every call.
+bool checked_mode(const AttentionOptions& o) { return o.checked || kernel_override_from_env().checked; }
+
+// The message of a fault the kernels recorded: the argument, the sequence, the value, its range.
+std::string describe_fault(const IndexFault& f) {
+  const IndexArg arg = static_cast<IndexArg>(f.arg);
+  std::string message = std::string(index_arg_name(arg)) + ": a value read on the device at sequence " +
+                        std::to_string(f.batch) + " is out of range: " + std::to_string(f.value) + " not in [" +
+                        std::to_string(f.lo) + ", " + std::to_string(f.hi) + "]";
+  message += arg == IndexArg::block_table
+                 ? " (a page index of the cache; the keys on that page were read as zeros)"
+                 : arg == IndexArg::cu_seqlens_q ? " (that sequence's rows were not computed)"
+                                                 : " (that sequence ran with no keys: output 0, LSE -inf)";
+  return message + "; recorded by the kernels since the last check_device_status";
+}
+
+void throw_index_fault(void* stream, int device_index) {
+  IndexFault fault{};
+  if (cuda::take_index_fault(stream, device_index, fault)) {
+    throw Error(Error::Kind::invalid_argument, describe_fault(fault));
+  }
+}
+
+// A CUDA call in the checked mode: waits for its launches and throws the first fault.
+void check_call(const Problem& p, const AttentionOptions& o) {
+  if (p.device == Device::cuda && checked_mode(o)) throw_index_fault(o.stream, p.device_index);
 }
 
 // ---- running ---------------------------------------------------------------------------------
@@ -160,10 +208,14 @@ AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor&
   ap.seqlen_new = p.seqlen_new;
   ap.cache_seqlens = ints(args.cache_seqlens);
   ap.cache_batch_idx = ints(args.cache_batch_idx);
+  ap.capacity = p.seqlen_k;
+  ap.cache_batches = int(k_cache.shape[0]);
+  ap.status = status_word(p);
   if (args.block_table.defined()) {
     ap.block_table = ints(args.block_table);
     ap.block_table_batch_stride = args.block_table.stride[0];
     ap.page_size = p.page_size;
+    ap.num_pages = int(k_cache.shape[0]);
   }
   ap.k_cache = k_cache.data;
   ap.v_cache = v_cache.data;
@@ -180,6 +232,7 @@ AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor&
     ap.rotary_sin = args.rotary_sin.data;
     ap.rotary_row_stride = args.rotary_cos.stride[0];
     ap.rotary_dim = p.rotary_dim;
+    ap.rotary_rows = int(args.rotary_cos.shape[0]);
     ap.rotary_interleaved = args.rotary_interleaved;
     ap.rotary_q_per_row = rotary_q_per_row(o);
   }
@@ -201,6 +254,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   AttnParams a = make_params(p, staged.input(q), staged.input(k), staged.input(v), staged.output(out), options);
   run_planned(p, a, options);
   staged.finish();
+  check_call(p, options);
 }
 
 void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -213,9 +267,10 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   a.cu_seqlens_k = ints(args.cu_seqlens_k);
   a.seqused_k = ints(args.seqused_k);
   a.leftpad_k = ints(args.leftpad_k);
-  set_paging(a, args.block_table, p.page_size);
+  set_paging(a, args.block_table, p.page_size, k);
   run_planned(p, a, options);
   staged.finish();
+  check_call(p, options);
 }
 
 Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -251,7 +306,7 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       cpu::run_append(ap);
     }
   }
-  if (p.seqlen_q == 0) return;
+  if (p.seqlen_q == 0) return check_call(p, options);
 
   // 2. attend over the cache, through staged copies of what the kernels cannot read in place
   // (all of q, the caches and out when the head dim is not a multiple of 8 on cuda)
@@ -262,9 +317,17 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   a.seqused_k_added = p.seqlen_new;
   a.leftpad_k = ints(args.cache_leftpad);
   a.cache_batch_idx = ints(args.cache_batch_idx);
-  set_paging(a, args.block_table, p.page_size);
+  a.cache_batches = int(k_cache.shape[0]);
+  a.kv_cache = true;
+  set_paging(a, args.block_table, p.page_size, k_cache);
   run_attention(kp, a, plan.choice, scratch, options.stream);
   staged.finish();
+  check_call(p, options);
+}
+
+void check_device_status(void* stream) {
+  if (!cuda::available()) return;  // no kernels ran: nothing recorded
+  throw_index_fault(stream, cuda::current_device());
 }
 
 }  // namespace flashattn

@@ -27,7 +27,8 @@ constexpr Named kKernels[] = {
 [[noreturn]] void bad_value(const std::string& value, const std::string& why) {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
-                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx],"
+                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx512|amx]"
+                                                 "[,checked=on|off],"
                                                  " kernel one of automatic, mma, wgmma, warpspec, splitkeys, deep, dims,"
                                                  " persistent, heads)");
 }
@@ -68,6 +69,10 @@ void apply_field(const std::string& field, bool first, const std::string& whole,
     o.cpu_kernels = CpuKernels::avx512;
   } else if (key == "cpu" && value == "amx") {
     o.cpu_kernels = CpuKernels::amx;
+  } else if (key == "checked" && value == "on") {
+    o.checked = true;
+  } else if (key == "checked" && value == "off") {
+    o.checked = false;
   } else {
     bad_value(whole, "unknown setting '" + field + "'");
   }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "common/index_faults.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -58,6 +59,19 @@ struct AttnParams {
   const int* block_table = nullptr;     // (b, max_pages)
   int64_t block_table_batch_stride = 0;
   int page_size = 0;                    // rows per page when block_table is set
+
+  // ---- bounds of the values above, for the kernels' index checks (rules.h seq_info_read) -----
+  int total_q = 0;        // varlen: rows of q and out (cu_seqlens_q ends within them)
+  int total_k = 0;        // varlen, contiguous K/V: rows of k and v (cu_seqlens_k likewise)
+  int num_pages = 0;      // paged: pages of the cache (block_table entries in [0, num_pages))
+  int key_capacity = 0;   // keys a sequence may use without cu_seqlens_k: seqlen_k (dense; kv-cache:
+                          // its capacity), or, paged, block_table columns x page_size (capped at 2^31 - 1)
+  int cache_batches = 0;  // kv-cache, contiguous: cache rows (cache_batch_idx in [0, cache_batches))
+  bool kv_cache = false;  // forward_kvcache: seqused_k / leftpad_k are named cache_seqlens /
+                          // cache_leftpad in index faults
+  // CUDA: where a kernel records the first index fault (cuda/device_status.cu); null on the CPU,
+  // whose backend never sees one (the host checked the values).
+  DeviceStatus* status = nullptr;
 
   // ---- score function and masks ------------------------------------------------------------
   float softmax_scale = 1.0f;   // multiplies q·k
@@ -103,6 +117,12 @@ struct AppendParams {
   const int* block_table = nullptr;
   int64_t block_table_batch_stride = 0;
   int page_size = 0;
+  // Bounds for the append's index checks (cuda/append.cu): cache_seqlens[b] + seqlen_new within
+  // capacity, cache_batch_idx below cache_batches, block_table entries below num_pages.
+  int capacity = 0;       // keys a cache row holds (paged: max_pages x page_size)
+  int cache_batches = 0;  // contiguous cache: its rows
+  int num_pages = 0;      // paged cache: its pages
+  DeviceStatus* status = nullptr;  // CUDA: the first index fault is recorded here
 
   // destination cache (same addressing as AttnParams' K/V with leftpad 0)
   void* k_cache = nullptr;
@@ -121,6 +141,7 @@ struct AppendParams {
   const void* rotary_sin = nullptr;
   int64_t rotary_row_stride = 0;
   int rotary_dim = 0;  // 0 = no rotary
+  int rotary_rows = 0;  // rows of rotary_cos / rotary_sin (positions a rotation may read)
   bool rotary_interleaved = true;
   bool rotary_q_per_row = false;
 

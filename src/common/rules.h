@@ -24,6 +24,8 @@ namespace flashattn {
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) == exp2(x * kLog2e)
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
 
+FA_HD constexpr int min_of(int a, int b) { return a < b ? a : b; }
+
 // ---- per-sequence geometry ---------------------------------------------------------------
 
 struct SeqInfo {
@@ -40,35 +42,134 @@ struct SeqInfo {
 // what order, depends only on which are set, never on a value read: at most kSeqInfoReads.
 constexpr int kSeqInfoReads = 8;
 
-// The length of sequence b of a packed (cu_seqlens) array: read(cu, b), then read(cu, b + 1),
-// in that order (one read per statement).
+// Entries b and b + 1 of a packed (cu_seqlens) array: read(cu, b), then read(cu, b + 1), in
+// that order (one read per statement).
+struct PackedRange {
+  int first, next;
+};
 template <class Read>
-FA_HD int packed_length(const int* cu_seqlens, int b, Read&& read) {
+FA_HD PackedRange packed_range(const int* cu_seqlens, int b, Read&& read) {
   const int first = read(cu_seqlens, b);
-  return read(cu_seqlens, b + 1) - first;
+  return PackedRange{first, read(cu_seqlens, b + 1)};
 }
 
-template <class Read>
-FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read) {
-  SeqInfo s;
+// ---- index checks: the one definition of the range of every length and index read from
+// memory (common/index_faults.h). The host checks the same values where it can read them; a
+// kernel checks them here, once per sequence, so that a bad value never addresses memory
+// outside the tensors passed in. A sequence with a fault is run as a sequence with no keys (its
+// rows get output 0 and LSE -inf), or with no query rows when cu_seqlens_q is at fault (its
+// rows are unknown: nothing is written).
+
+// value in [lo, hi]. 32-bit: the checks run where a persistent decode CTA holds a whole
+// accumulator in registers, and 64-bit arithmetic there spilled.
+FA_HD bool in_bounds(int value, int lo, int hi) { return value >= lo && value <= hi; }
+// next - first of two entries of a packed array, wrapping instead of overflowing (a decrease of
+// more than 2^31 comes out positive but stays beyond every bound the checks use).
+FA_HD int difference(int next, int first) { return int(unsigned(next) - unsigned(first)); }
+
+FA_HD IndexFault index_fault(IndexArg arg, int b, int value, int lo, int hi) {
+  return IndexFault{int32_t(arg), b, value, lo, hi};
+}
+
+// A block_table entry names a page of the cache (the kernels check it as they look it up).
+FA_HD bool valid_page(const AttnParams& p, int page) { return unsigned(page) < unsigned(p.num_pages); }
+
+// The values seq_info_read read for sequence b, before they are checked.
+struct SeqValues {
+  PackedRange q;  // cu_seqlens_q[b], [b + 1] (dense: 0, seqlen_q)
+  PackedRange k;  // cu_seqlens_k[b], [b + 1] (read when cu_seqlens_k is set)
+  int used;       // seqused_k[b] (kv-cache: cache_seqlens[b])
+  int leftpad;
+  int kv_batch;
+};
+
+// The first of the index rules that sequence b's values break (arg none: they break none), in
+// the order the values are used: the query rows, the key rows, the keys used, the left pad, the
+// cache row. Each rule is one range; the bounds come from AttnParams (filled by the host from the
+// tensors' shapes) or from values already checked.
+FA_HD IndexFault first_index_fault(const AttnParams& p, int b, const SeqValues& v) {
+  const bool packed_k = p.cu_seqlens_k && !p.block_table;  // K rows packed by cu_seqlens_k
+  const int k_len = difference(v.k.next, v.k.first);
+  // The keys a sequence may use: its packed rows, else its cache row or page-table row.
+  const int keys_cap = p.cu_seqlens_k ? k_len : p.key_capacity;
+  if (p.cu_seqlens_q && !in_bounds(v.q.first, 0, p.total_q)) {
+    return index_fault(IndexArg::cu_seqlens_q, b, v.q.first, 0, p.total_q);
+  }
+  // no longer than max_seqlen_q: the grid and the split partials have that many rows
+  const int q_last = v.q.first + min_of(p.total_q - v.q.first, p.seqlen_q);
+  if (p.cu_seqlens_q && !in_bounds(v.q.next, v.q.first, q_last)) {
+    return index_fault(IndexArg::cu_seqlens_q, b, v.q.next, v.q.first, q_last);
+  }
+  if (packed_k && !in_bounds(v.k.first, 0, p.total_k)) return index_fault(IndexArg::cu_seqlens_k, b, v.k.first, 0, p.total_k);
+  if (packed_k && !in_bounds(v.k.next, v.k.first, p.total_k)) {
+    return index_fault(IndexArg::cu_seqlens_k, b, v.k.next, v.k.first, p.total_k);
+  }
+  if (p.cu_seqlens_k && !packed_k && !in_bounds(k_len, 0, p.key_capacity)) {  // paged: only the length counts
+    return index_fault(IndexArg::cu_seqlens_k, b, k_len, 0, p.key_capacity);
+  }
+  const IndexArg used_arg = p.kv_cache ? IndexArg::cache_seqlens : IndexArg::seqused_k;
+  if (p.seqused_k && !in_bounds(v.used, 0, keys_cap - p.seqused_k_added)) {
+    return index_fault(used_arg, b, v.used, 0, keys_cap - p.seqused_k_added);
+  }
+  const int leftpad_hi = p.seqused_k ? v.used : keys_cap;  // within the keys used
+  const IndexArg leftpad_arg = p.kv_cache ? IndexArg::cache_leftpad : IndexArg::leftpad_k;
+  if (p.leftpad_k && !in_bounds(v.leftpad, 0, leftpad_hi)) return index_fault(leftpad_arg, b, v.leftpad, 0, leftpad_hi);
+  if (p.cache_batch_idx && !in_bounds(v.kv_batch, 0, p.cache_batches - 1)) {
+    return index_fault(IndexArg::cache_batch_idx, b, v.kv_batch, 0, p.cache_batches - 1);
+  }
+  return IndexFault{int32_t(IndexArg::none), b, 0, 0, 0};
+}
+
+template <class Read, class Report>
+FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read, Report&& report) {
+  SeqValues v{{0, p.seqlen_q}, {0, 0}, 0, 0, b};
   // cu_seqlens_q[b] is read again for the length rather than reused: reusing it rescheduled the
   // whole d = 256 wgmma kernel, 2-3% slower (docs/DECISIONS.md D-10).
-  s.q_row_offset = p.cu_seqlens_q ? read(p.cu_seqlens_q, b) : 0;
-  s.seqlen_q = p.cu_seqlens_q ? packed_length(p.cu_seqlens_q, b, read) : p.seqlen_q;
-  s.leftpad = p.leftpad_k ? read(p.leftpad_k, b) : 0;
-  s.k_row_offset = (p.cu_seqlens_k && !p.block_table) ? read(p.cu_seqlens_k, b) : 0;
-  int keys_end;  // absolute position one past the last key
+  const int q_row_offset = p.cu_seqlens_q ? read(p.cu_seqlens_q, b) : 0;
+  if (p.cu_seqlens_q) v.q = packed_range(p.cu_seqlens_q, b, read);
+  if (p.leftpad_k) v.leftpad = read(p.leftpad_k, b);
+  const bool packed_k = p.cu_seqlens_k && !p.block_table;  // K rows packed by cu_seqlens_k
+  if (packed_k) v.k.first = read(p.cu_seqlens_k, b);
   if (p.seqused_k) {
-    keys_end = read(p.seqused_k, b) + p.seqused_k_added;
+    v.used = read(p.seqused_k, b);
+    if (packed_k) v.k.next = read(p.cu_seqlens_k, b + 1);  // the bound of seqused_k[b]
+    else if (p.cu_seqlens_k) v.k = packed_range(p.cu_seqlens_k, b, read);
   } else if (p.cu_seqlens_k) {
-    keys_end = packed_length(p.cu_seqlens_k, b, read);
-  } else {
-    keys_end = p.seqlen_k;
+    v.k = packed_range(p.cu_seqlens_k, b, read);
+  }
+  if (p.cache_batch_idx) v.kv_batch = read(p.cache_batch_idx, b);
+
+  SeqInfo s;
+  s.q_row_offset = q_row_offset;
+  s.seqlen_q = difference(v.q.next, v.q.first);
+  s.leftpad = v.leftpad;
+  s.k_row_offset = packed_k ? v.k.first : 0;
+  s.kv_batch = v.kv_batch;
+  // one past the last key (wrapping where a bad value would overflow: replaced below)
+  int keys_end = p.seqused_k ? difference(v.used, -p.seqused_k_added)
+                             : p.cu_seqlens_k ? difference(v.k.next, v.k.first) : p.seqlen_k;
+  const IndexFault fault = first_index_fault(p, b, v);
+  if (fault.arg != int32_t(IndexArg::none)) {
+    report(fault);
+    // No keys: nothing of K/V is addressed, and every row gets output 0 and LSE -inf. With
+    // cu_seqlens_q at fault the rows are unknown too: none.
+    keys_end = 0, s.leftpad = 0, s.k_row_offset = 0, s.kv_batch = 0;
+    if (fault.arg == int32_t(IndexArg::cu_seqlens_q)) s.q_row_offset = 0, s.seqlen_q = 0;
   }
   s.seqlen_k = keys_end - s.leftpad;
   if (s.seqlen_k < 0) s.seqlen_k = 0;
-  s.kv_batch = p.cache_batch_idx ? read(p.cache_batch_idx, b) : b;
   return s;
+}
+
+// Reports nothing (the CPU backend, whose index values the host checked; the combine, whose
+// attention grid reported them).
+struct IgnoreIndexFaults {
+  FA_HD void operator()(const IndexFault&) const {}
+};
+
+template <class Read>
+FA_HD SeqInfo seq_info_read(const AttnParams& p, int b, Read&& read) {
+  return seq_info_read(p, b, read, IgnoreIndexFaults{});
 }
 
 FA_HD SeqInfo seq_info(const AttnParams& p, int b) {

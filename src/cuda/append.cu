@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/rules.h"
+#include "cuda/components/index_checks.h"
 #include "cuda/grid_dependence.h"
 #include "cuda/launch.h"
 
@@ -74,20 +75,49 @@ __device__ void rotate_chunk(const AppendParams& p, const Element* src_row, Elem
   store_chunk<Element, kVec>(dst_row + col, y);
 }
 
-// Element offset of cache row `pos` of batch b, KV head hk (leftpad 0; see params.h).
+// Element offset of cache row `pos` of batch b, KV head hk (leftpad 0; see params.h), or kNoRow
+// where cache_batch_idx or the block_table entry names no row or page of the cache (the fault is
+// recorded and the row is not written).
+constexpr int64_t kNoRow = -1;
 __device__ __forceinline__ int64_t cache_offset(const AppendParams& p, int b, int pos,
                                                 int64_t batch_stride, int64_t row_stride,
                                                 int64_t head_stride, int hk) {
   if (p.block_table) {
     const int page = p.block_table[b * p.block_table_batch_stride + pos / p.page_size];
+    if (unsigned(page) >= unsigned(p.num_pages)) {
+      record_index_fault(p.status, index_fault(IndexArg::block_table, b, page, 0, p.num_pages - 1));
+      return kNoRow;
+    }
     return int64_t(page) * batch_stride + int64_t(pos % p.page_size) * row_stride + hk * head_stride;
   }
   const int kv_batch = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+  if (unsigned(kv_batch) >= unsigned(p.cache_batches)) {
+    record_index_fault(p.status, index_fault(IndexArg::cache_batch_idx, b, kv_batch, 0, p.cache_batches - 1));
+    return kNoRow;
+  }
   return int64_t(kv_batch) * batch_stride + int64_t(pos) * row_stride + hk * head_stride;
 }
 
+// Where sequence b's appended rows start: cache_seqlens[b], which leaves room for them in the
+// row (capacity), or -1 (the fault recorded: nothing of b is appended, and its attention sees no
+// keys, rules.h seq_info_read).
 __device__ __forceinline__ int cache_start(const AppendParams& p, int b) {
-  return p.cache_seqlens ? p.cache_seqlens[b] : 0;
+  if (!p.cache_seqlens) return 0;
+  const int start = p.cache_seqlens[b];
+  const int last_start = p.capacity - p.seqlen_new;
+  if (in_bounds(start, 0, last_start)) return start;
+  record_index_fault(p.status, index_fault(IndexArg::cache_seqlens, b, start, 0, last_start));
+  return -1;
+}
+
+// Whether q row i of sequence b, whose rows start at `start` (cache_start), has a row of
+// rotary_cos/sin at `position`: else it is copied unrotated (its sequence's attention output is
+// 0 anyway when start is -1).
+__device__ __forceinline__ bool has_rotary_row(const AppendParams& p, int b, int start, int position) {
+  if (start < 0) return false;
+  if (position < p.rotary_rows) return true;
+  record_index_fault(p.status, index_fault(IndexArg::cache_seqlens, b, start, 0, p.rotary_rows - 1 - (position - start)));
+  return false;
 }
 
 template <typename Element, int kVec>
@@ -110,31 +140,34 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
       rest /= p.num_heads;
       const int i = int(rest % p.seqlen_q);
       const int b = int(rest / p.seqlen_q);
-      const int position = cache_start(p, b) + (p.rotary_q_per_row ? i : 0);
+      const int start = cache_start(p, b);
+      const int position = start + (p.rotary_q_per_row ? i : 0);
       const Element* src = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
                            i * p.q_row_stride + head * p.q_head_stride;
       Element* dst = static_cast<Element*>(p.q_rot) +
                      ((int64_t(b) * p.seqlen_q + i) * p.num_heads + head) * p.head_dim;
-      rotate_chunk<Element, kVec>(p, src, dst, col, position, true);
+      rotate_chunk<Element, kVec>(p, src, dst, col, position, has_rotary_row(p, b, start, position));
       continue;
     }
     const int hk = int(rest % p.num_heads_k);
     rest /= p.num_heads_k;
     const int t = int(rest % p.seqlen_new);
     const int b = int(rest / p.seqlen_new);
-    const int position = cache_start(p, b) + t;
+    const int start = cache_start(p, b);
+    if (start < 0) continue;
+    const int position = start + t;
     if (task == 0) {
       const Element* src = static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride +
                            t * p.kn_row_stride + hk * p.kn_head_stride;
-      Element* dst = static_cast<Element*>(p.k_cache) +
-                     cache_offset(p, b, position, p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride, hk);
-      rotate_chunk<Element, kVec>(p, src, dst, col, position, rotate);
+      const int64_t dst = cache_offset(p, b, position, p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride, hk);
+      if (dst == kNoRow) continue;
+      rotate_chunk<Element, kVec>(p, src, static_cast<Element*>(p.k_cache) + dst, col, position, rotate);
     } else {
       const Element* src = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
                            t * p.vn_row_stride + hk * p.vn_head_stride;
-      Element* dst = static_cast<Element*>(p.v_cache) +
-                     cache_offset(p, b, position, p.vc_batch_stride, p.vc_row_stride, p.vc_head_stride, hk);
-      rotate_chunk<Element, kVec>(p, src, dst, col, position, false);
+      const int64_t dst = cache_offset(p, b, position, p.vc_batch_stride, p.vc_row_stride, p.vc_head_stride, hk);
+      if (dst == kNoRow) continue;
+      rotate_chunk<Element, kVec>(p, src, static_cast<Element*>(p.v_cache) + dst, col, position, false);
     }
   }
 }

@@ -295,6 +295,48 @@ void run_append(const AppendParams& params, bool programmatic_launch, void* stre
   run_append_kernel(params, programmatic_launch, stream);
 }
 
+// ---- index faults ----------------------------------------------------------------------------
+
+namespace {
+// The status word of each device (common/index_faults.h): one static symbol, so that nothing is
+// allocated per call (graph capture, no host synchronisation). A kernel claims it with one
+// atomicCAS on the first fault; the host clears it after reading it.
+__device__ DeviceStatus g_device_status;
+}  // namespace
+
+DeviceStatus* device_status(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, DeviceStatus*> cache;
+  return cached(cache, mutex, device_index, [&] {
+    DeviceGuard guard(device_index);
+    void* address = nullptr;
+    check_cuda(cudaGetSymbolAddress(&address, g_device_status), "cudaGetSymbolAddress(device status)");
+    return static_cast<DeviceStatus*>(address);
+  });
+}
+
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+bool take_index_fault(void* stream_handle, int device_index, IndexFault& fault) {
+  DeviceGuard guard(device_index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  check_cuda(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize(),
+             stream ? "cudaStreamSynchronize" : "cudaDeviceSynchronize");
+  DeviceStatus status{};
+  check_cuda(cudaMemcpyFromSymbol(&status, g_device_status, sizeof(status)), "cudaMemcpyFromSymbol(device status)");
+  if (status.claimed == 0) return false;
+  // Cleared for the next fault. A kernel on another stream that faults between the read and the
+  // clear loses its record: a status word keeps one fault, not all of them.
+  const DeviceStatus clear{};
+  check_cuda(cudaMemcpyToSymbol(g_device_status, &clear, sizeof(clear)), "cudaMemcpyToSymbol(device status)");
+  fault = status.first;
+  return true;
+}
+
 namespace {
 
 // Scratch comes from one memory pool per device owned by the library, whose release threshold

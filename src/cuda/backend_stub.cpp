@@ -32,6 +32,9 @@ void release_scratch(const ScratchLease& lease, void* /*stream*/) {
   if (lease.ptr != nullptr) refuse("device release");
 }
 std::string compiled_instances() { return "none (built without CUDA)"; }
+DeviceStatus* device_status(int /*device_index*/) { refuse("the device status word"); }
+int current_device() { return 0; }
+bool take_index_fault(void* /*stream*/, int /*device_index*/, IndexFault& /*fault*/) { return false; }  // no kernels ran
 void copy_padded(const PaddedCopy& /*copy*/, void* /*stream*/) { refuse("staging copy"); }
 void* allocate_async(size_t /*bytes*/, void* /*stream*/, int /*device_index*/) { refuse("device allocation"); }
 void free_async(void* ptr, void* /*stream*/, int /*device_index*/) {

@@ -81,7 +81,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const AttnParams p) {
   const int i = int(row % p.seqlen_q);
   const int head = int((row / p.seqlen_q) % p.num_heads);
   const int b = int(row / (int64_t(p.seqlen_q) * p.num_heads));
-  const SeqInfo s = seq_info(p, b);  // sequence lengths: inputs, which the attention grid does not write
+  // Sequence lengths: inputs, which the attention grid does not write. A sequence with an index
+  // fault comes back empty here as it did there (rules.h seq_info_read), which reported it.
+  const SeqInfo s = seq_info(p, b);
   if (i >= s.seqlen_q) return;  // varlen padding row: not ours to write (whole block exits)
   // Launched as a programmatic dependent of the attention kernel (launch_combine): the row's
   // geometry above overlaps that grid; wait here until it has finished and its partials are

@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto staged_lengths_of = [&](int unit, int slot) {
     const int* src = staged_lengths + slot * kSeqInfoReads;
     int k = 0;
-    return seq_info_read(p, batch_of(unit), [&](const int*, int) { return src[k++]; });
+    return seq_info_read(p, batch_of(unit), [&](const int*, int) { return src[k++]; },
+                         [&](const IndexFault& fault) { if (tid == 0) record_index_fault(p.status, fault); });
   };
   int unit_p = blockIdx.x;  // the producer's next unit; < units (persistent_decode_ctas)
   int n_p = 0, items_left_p = 0, slot_p = kStages - 1, stage_p = 0, items_issued = 0;
@@ -123,11 +124,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if (unit_p >= units) return false;
     slot_p = ring_next<kStages>(slot_p);
     const bool landed = staged_item >= 0 && items_issued - staged_item >= kStages - 1;
-    SeqInfo seq = landed ? staged_lengths_of(unit_p, slot_p) : seq_info(p, batch_of(unit_p));
+    SeqInfo seq = landed ? staged_lengths_of(unit_p, slot_p) : seq_info_checked(p, batch_of(unit_p));
     while (seq.seqlen_q == 0) {
       unit_p += stride;
       if (unit_p >= units) return false;
-      seq = seq_info(p, batch_of(unit_p));
+      seq = seq_info_checked(p, batch_of(unit_p));
     }
     started = make_decode_unit<kBlockM, kBlockN>(p, unit_p, seq);
     n_p = started.tiles.hi - 1;

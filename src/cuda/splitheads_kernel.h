@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int first_unit = blockIdx.x * kNWarps;
   CtaInfo first;
   set_unit_heads(p, first_unit, first);  // its batch is the CTA's
-  const CtaInfo c = decode_unit_info(p, first_unit + warp, seq_info(p, first.b));
+  const CtaInfo c = decode_unit_info(p, first_unit + warp, seq_info_checked(p, first.b));
   if (c.rows == 0) return;  // varlen: a sequence without queries (the whole CTA's)
   const CtaKeyTiles steps = cta_key_tiles<kBlockM, kKeys>(p, c, /*split=*/0);
 

@@ -470,6 +470,14 @@ def test_build_info():
     assert isinstance(flashattn.cuda_available(), bool)
 
 
+def test_check_device_status_without_cuda():
+    """Only CUDA kernels record index faults: without a device the status is always clear."""
+    if flashattn.cuda_available():
+        pytest.skip("a CUDA device is visible (test_gpu.py covers check_device_status)")
+    assert flashattn.check_device_status() is None
+    assert flashattn.check_device_status(0) is None
+
+
 # ---- optional frameworks on the CPU ------------------------------------------------------------
 
 def test_bfloat16_ml_dtypes(rng):

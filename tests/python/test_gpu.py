@@ -406,6 +406,60 @@ def test_any_head_dim_kvcache_rotary_matches_cpu(d, paged):
     assert (lse.cpu()[fin] - lse_cpu[fin]).abs().max().item() <= LSE_ATOL
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_bad_cache_seqlens_is_reported_by_check_device_status(paged):
+    """A cache_seqlens entry past the cache (issue 31): the call reads nothing outside the cache,
+    that sequence gets output 0 and LSE -inf, the others match the CPU backend, and
+    flashattn.check_device_status() raises ValueError naming the argument, the sequence and the
+    value, once."""
+    dtype = torch.bfloat16
+    require_instance(dtype, 128)
+    torch.manual_seed(11)
+    b, h, hk, d, max_sk = 3, 8, 2, 128, 96
+    if paged:
+        k_cache, v_cache, table = paged_cache(b, max_sk, 16, hk, d, dtype)
+        extra = dict(block_table=table)
+    else:
+        k_cache, v_cache = randn(b, max_sk, hk, d, dtype=dtype), randn(b, max_sk, hk, d, dtype=dtype)
+        extra = {}
+    flashattn.check_device_status()  # clear anything an earlier test left
+    good = torch.tensor([40, 70, 25], dtype=torch.int32)
+    bad = good.clone()
+    bad[1] = 5000
+    q = randn(b, 1, h, d, dtype=dtype)
+    cpu_extra = {name: x.cpu() for name, x in extra.items()}
+    out_cpu, lse_cpu = flashattn.flash_attn_with_kvcache(
+        q.cpu(), k_cache.cpu(), v_cache.cpu(), cache_seqlens=good, return_softmax_lse=True, **cpu_extra)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=bad.cuda(), return_softmax_lse=True, **extra)
+    with pytest.raises(ValueError, match=r"^cache_seqlens: .*sequence 1 .*5000"):
+        flashattn.check_device_status(torch.cuda.current_stream())
+    flashattn.check_device_status()  # cleared by the read
+    out, lse = out.cpu(), lse.cpu()
+    assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
+    for bb in (0, 2):
+        assert (out[bb].double() - out_cpu[bb].double()).abs().max().item() <= 2 * FLOOR[dtype]
+        assert (lse[bb] - lse_cpu[bb]).abs().max().item() <= LSE_ATOL
+
+
+def test_bad_block_table_entry_is_reported():
+    """A block_table entry past the pages: no access outside the cache, the fault reported."""
+    dtype = torch.bfloat16
+    require_instance(dtype, 128)
+    b, h, hk, d, max_sk = 2, 8, 2, 128, 64
+    k_cache, v_cache, table = paged_cache(b, max_sk, 16, hk, d, dtype)
+    table[1, 0] = k_cache.shape[0] + 7
+    flashattn.check_device_status()
+    out = flashattn.flash_attn_with_kvcache(
+        randn(b, 1, h, d, dtype=dtype), k_cache, v_cache, block_table=table,
+        cache_seqlens=torch.tensor([60, 60], dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match=r"^block_table: .*sequence 1 "):
+        flashattn.check_device_status()
+    flashattn.check_device_status()
+
+
 def test_last_dim_not_contiguous():
     """torch inputs whose last dimension is strided are copied (as flash_attn does)."""
     require_instance(torch.float16, 64)

@@ -6,6 +6,7 @@
 
 #include "common/params.h"
 #include "common/rules.h"
+#include "cuda/components/index_checks.h"
 
 namespace flashattn {
 namespace cuda {
@@ -69,7 +70,7 @@ __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   const int m_block = heavy_first ? blockIdx.z : blockIdx.x;
   const int m_blocks = heavy_first ? gridDim.z : gridDim.x;
   set_unit_heads(p, unit, heads, c);
-  c.seq = seq_info(p, c.b);
+  c.seq = seq_info_checked(p, c.b);  // a sequence with an index fault comes back empty
   c.rows = c.seq.seqlen_q * c.g;
   // Heavy (late, causal) query tiles first: better tail balance.
   c.m0 = (m_blocks - 1 - m_block) * kBlockM;

@@ -11,6 +11,7 @@
 #include "common/rules.h"
 #include "cuda/components/async_copy.h"
 #include "cuda/components/cta_geometry.h"
+#include "cuda/components/index_checks.h"
 #include "cuda/kernel_traits.h"
 
 namespace flashattn {
@@ -62,12 +63,16 @@ __device__ __forceinline__ KvRowOffsets paged_kv_row_offsets(const AttnParams& p
 }
 
 // Paged K/V: the row offsets of key tile n (keys [n*kBlockN, n*kBlockN + kBlockN)) into kv_off.
+// A row whose block_table entry names no page of the cache (index_checks.h) reads nothing: it
+// is zero-filled, as a row past the keys.
 template <class Traits>
 __device__ __forceinline__ void compute_kv_offsets(const AttnParams& p, const CtaInfo& c, int n,
                                                    KvRowOffsets* kv_off, int tid) {
   for (int r = tid; r < Traits::kBlockN; r += Traits::kNThreads) {
     const int j = n * Traits::kBlockN + r;
-    kv_off[r] = paged_kv_row_offsets(p, c, j < c.seq.seqlen_k ? kv_page(p, c.seq, c.b, j) : 0, j);
+    const int page = j < c.seq.seqlen_k ? kv_page(p, c.seq, c.b, j) : 0;
+    kv_off[r] = j < c.seq.seqlen_k && !checked_page(p, c.b, page) ? KvRowOffsets{kNoRow, kNoRow}
+                                                                    : paged_kv_row_offsets(p, c, page, j);
   }
 }
 
@@ -230,7 +235,8 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
 template <class Traits>
 struct PagedRows {
   static constexpr int kRows = Traits::kBlockN / Traits::kGmemRowsPerPass;
-  int page[kRows];     // the page holding each row; -1 past the sequence's keys
+  int page[kRows];     // the page holding each row; -1 past the sequence's keys, or where the
+                       // block_table entry names no page of the cache (index_checks.h)
   int in_page[kRows];  // each row's row within its page
 };
 
@@ -252,7 +258,8 @@ __device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams&
   CUTE_UNROLL
   for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
     const bool valid = copies && first + m * kStep < c.seq.seqlen_k;
-    rows.page[m] = valid ? table_row[page_index] : -1;
+    const int page = valid ? table_row[page_index] : -1;
+    rows.page[m] = valid && !checked_page(p, c.b, page) ? -1 : page;
     rows.in_page[m] = in_page;
     in_page += step_rows;
     page_index += step_pages;
