@@ -309,18 +309,26 @@ struct WgmmaTileLayouts {
   static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
 };
 
-template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
-struct WgmmaTraits
-    : TileTraitsBase<Element_, kHeadDim_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, 8>,
-      WgmmaTileLayouts<Element_, 128, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN, kHeadDim_> {
-  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
-  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
-  using Layouts = WgmmaTileLayouts<Element_, 128, Config::kBlockN, kHeadDim_>;
+// What the two kernels of two-warpgroup tiles share: the tile base (its copy partition for 8
+// warps) and the layouts above, with their names in one scope.
+template <typename Element_, int kHeadDim_, int kBlockN_>
+struct TwoWarpgroupTileTraits : TileTraitsBase<Element_, kHeadDim_, 128, kBlockN_, 8>,
+                                WgmmaTileLayouts<Element_, 128, kBlockN_, kHeadDim_> {
+  using Base = TileTraitsBase<Element_, kHeadDim_, 128, kBlockN_, 8>;
+  using Layouts = WgmmaTileLayouts<Element_, 128, kBlockN_, kHeadDim_>;
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
   using Element = Element_;
   using typename Layouts::SmemLayoutAtom, typename Layouts::SmemLayoutQ, typename Layouts::SmemLayoutKV,
       typename Layouts::SmemLayoutVt;
   using Layouts::kQElems, Layouts::kKVElems;
+};
+
+template <typename Element_, int kHeadDim_, WgmmaTile kTile = WgmmaTile::wide>
+struct WgmmaTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WgmmaTileConfig<kHeadDim_, kTile>::kBlockN> {
+  using Config = WgmmaTileConfig<kHeadDim_, kTile>;
+  using Shared = TwoWarpgroupTileTraits<Element_, kHeadDim_, Config::kBlockN>;
+  using Shared::kBlockM, Shared::kBlockN, Shared::kQElems, Shared::kKVElems;
+  using typename Shared::Element;
   static constexpr int kMinBlocksPerSm = Config::kMinBlocksPerSm;
   static constexpr int kStages = Config::kStages;
 
@@ -341,19 +349,13 @@ struct WarpSpecTileConfig {
 };
 
 template <typename Element_, int kHeadDim_>
-struct WarpSpecTraits
-    : TileTraitsBase<Element_, kHeadDim_, 128, WarpSpecTileConfig<kHeadDim_>::kBlockN, 8>,
-      WgmmaTileLayouts<Element_, 128, WarpSpecTileConfig<kHeadDim_>::kBlockN, kHeadDim_> {
+struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTileConfig<kHeadDim_>::kBlockN> {
   using Config = WarpSpecTileConfig<kHeadDim_>;
-  using Base = TileTraitsBase<Element_, kHeadDim_, 128, Config::kBlockN, 8>;
-  using Layouts = WgmmaTileLayouts<Element_, 128, Config::kBlockN, kHeadDim_>;
-  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
-  using Element = Element_;
-  using typename Layouts::SmemLayoutAtom, typename Layouts::SmemLayoutQ, typename Layouts::SmemLayoutKV,
-      typename Layouts::SmemLayoutVt;
-  using Layouts::kQElems, Layouts::kKVElems;
+  using Shared = TwoWarpgroupTileTraits<Element_, kHeadDim_, Config::kBlockN>;
+  using Shared::kBlockM, Shared::kQElems, Shared::kKVElems;
+  using typename Shared::Element;
   static constexpr int kStages = Config::kStages;
-  // The launch: a producer warpgroup besides Base's 8 consumer warps (whose count the O
+  // The launch: a producer warpgroup besides the 8 consumer warps of the base (whose count the O
   // store's copy partition keeps).
   static constexpr int kNThreads = 3 * 128;
   static constexpr int kMinBlocksPerSm = 1;
