@@ -5,7 +5,7 @@
 // Each item walks the key tiles (splitkv_block_n(d) keys each) visible to its rows, cut by
 // split_tiles when num_splits > 1, with the online softmax of SoftmaxRowState (one state per
 // row) and a rescaled fp32 accumulator. The products and the softmax row passes are the tile
-// kernels of kernels.h (AVX-512 or portable, chosen at run time). Nothing proportional to
+// kernels of kernels.h (AVX-512, AVX2 or portable, chosen at run time). Nothing proportional to
 // seqlen_q x seqlen_k is ever allocated: the scratch of one worker is a few tiles.
 #include <algorithm>
 #include <cmath>

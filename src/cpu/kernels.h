@@ -1,7 +1,7 @@
 // The CPU backend's tile micro-kernels: the two products and the row passes of the online
-// softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set and
-// one AVX-512 set (kernels_avx512.cpp), chosen once at run time by what the CPU has
-// (docs/DECISIONS.md D-50, D-51).
+// softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set, one
+// AVX2 set (kernels_avx2.cpp) and one AVX-512 set (kernels_avx512.cpp), chosen once at run time
+// by what the CPU has (docs/DECISIONS.md D-50, D-51, D-63).
 //
 // Layouts (fp32, row-major, leading dimensions in elements):
 //   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to kRowLanes
@@ -46,13 +46,17 @@ struct TileKernels {
   void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);
 };
 
-// The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx512|amx
+// The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx2|avx512|amx
 // in the environment caps the level used (read once; the tests use it to check each set).
-enum class KernelLevel { portable, avx512, amx };
+enum class KernelLevel { portable, avx2, avx512, amx };
 bool kernel_level_allowed(KernelLevel level);
 
 // The portable set: plain loops, vectorised by the compiler for the build's target.
 const TileKernels& portable_kernels();
+
+// The AVX2 set (8-lane fp32 vectors with FMA), or nullptr where it is not compiled in (not
+// x86-64, or a compiler without the target attribute) or the CPU lacks AVX2 or FMA.
+const TileKernels* avx2_kernels();
 
 // The AVX-512 set, or nullptr where it is not compiled in (not x86-64, or a compiler without
 // the target attribute) or the CPU lacks AVX-512 F/DQ/VL/BW.
