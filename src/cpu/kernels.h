@@ -4,7 +4,8 @@
 // by what the CPU has (docs/DECISIONS.md D-50, D-51, D-63).
 //
 // Layouts (fp32, row-major, leading dimensions in elements):
-//   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to kRowLanes
+//   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to the set's
+//                          row_lanes
 //   k   (keys, ld_k)       the key tile, one key per row
 //   v   (keys, ld_v)       the value tile, one key per row; columns padded to kRowLanes with zeros
 //   st  (keys, ld_st)      scores transposed: st[j][r] = q_r . k_j, then probabilities
@@ -18,13 +19,18 @@
 namespace flashattn {
 namespace cpu {
 
-// Query rows per vector of the row passes; tiles pad their row count to a multiple of it.
+// Most query rows per vector of the row passes (AVX-512: 16); a set's row_lanes divides it.
+// Tiles pad their columns (d_pad) to a multiple of it, and their rows to the set's row_lanes.
 constexpr int kRowLanes = 16;
 
 struct TileKernels {
   const char* name;
+  // rows_pad below is a multiple of it: fp32 lanes of the set's vectors (AVX2: 8), so that a
+  // short tile (decode: the 4 query heads of a KV head) computes no more padding rows than the
+  // vectors need.
+  int row_lanes;
 
-  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of kRowLanes).
+  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of row_lanes).
   void (*scores)(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
                  int keys, float* st, int ld_st);
 

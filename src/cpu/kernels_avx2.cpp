@@ -65,8 +65,9 @@ FA_AVX2 void scores_strip(const float* qt, int ld_qt, const float* k, int ld_k, 
   scores_tail<kKeys - 1, kVecs>(qt, ld_qt, k + size_t(j) * ld_k, ld_k, d, keys - j, st + size_t(j) * ld_st, ld_st);
 }
 
-// Strips of kVecs row vectors over all keys; rows_pad (a multiple of kRowLanes) ends in whole
-// strips when kVecs * kLanes divides kRowLanes, else in one-vector strips.
+// Strips of kVecs row vectors over all keys; rows_pad (a multiple of kLanes, the set's
+// row_lanes) may end in a one-vector strip, which takes kKeys * kVecs keys per block (as many
+// accumulators): decode tiles of 8 rows or fewer are all one such strip.
 template <int kKeys, int kVecs>
 FA_AVX2 void scores_blocked(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
                             int keys, float* st, int ld_st) {
@@ -74,7 +75,7 @@ FA_AVX2 void scores_blocked(const float* qt, int ld_qt, const float* k, int ld_k
   for (; r + kVecs * kLanes <= rows_pad; r += kVecs * kLanes) {
     scores_strip<kKeys, kVecs>(qt + r, ld_qt, k, ld_k, d, keys, st + r, ld_st);
   }
-  for (; r < rows_pad; r += kLanes) scores_strip<kKeys, 1>(qt + r, ld_qt, k, ld_k, d, keys, st + r, ld_st);
+  for (; r < rows_pad; r += kLanes) scores_strip<kKeys * kVecs, 1>(qt + r, ld_qt, k, ld_k, d, keys, st + r, ld_st);
 }
 
 FA_AVX2 void scores(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
@@ -199,7 +200,7 @@ FA_AVX2 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst)
 }  // namespace
 
 const TileKernels* avx2_kernels() {
-  static const TileKernels kernels{"avx2", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"avx2", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported ? &kernels : nullptr;
 }

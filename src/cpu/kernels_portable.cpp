@@ -89,7 +89,7 @@ bool kernel_level_allowed(KernelLevel level) {
 }
 
 const TileKernels& portable_kernels() {
-  static const TileKernels kernels{"portable", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"portable", kRowLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
   return kernels;
 }
 

@@ -2,8 +2,8 @@
 // CPU has (AVX2, AVX-512; a set the CPU lacks is skipped): the one exact operation, fp32 -> bf16
 // output rounding, bit for bit on random values, ties, denormals, infinities and NaN; the
 // products, the row passes and the rescale on random tiles of every shape class (tails of the
-// register blocks, one key, one row), within fp32 rounding of a float64 sum; and exp2 of the
-// AVX2 set bit for bit the AVX-512 set's (one rule, exp2_poly.h).
+// register blocks, one key, one row, rows_pad of one row vector), within fp32 rounding of a
+// float64 sum; and exp2 of the AVX2 set bit for bit the AVX-512 set's (one rule, exp2_poly.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,6 +46,7 @@ class CpuKernelSet : public ::testing::TestWithParam<KernelSet> {
     fast_ = GetParam().get();
     if (fast_ == nullptr) GTEST_SKIP() << "no " << GetParam().name << " on this CPU (or not compiled in)";
     ASSERT_STREQ(fast_->name, GetParam().name);
+    ASSERT_EQ(kRowLanes % fast_->row_lanes, 0) << "row_lanes divides kRowLanes";
   }
   const TileKernels& portable() const { return flashattn::cpu::portable_kernels(); }
   const TileKernels* fast_ = nullptr;
@@ -80,8 +81,8 @@ TEST_P(CpuKernelSet, Bf16RoundingMatchesPortable) {
 // st = k . qt^T for head dims and key counts that end inside the register blocks and vectors.
 TEST_P(CpuKernelSet, ScoresMatchPortable) {
   for (int d : {1, 7, 16, 40, 128, 256}) {
-    for (int rows_pad : {16, 32, 48, 128}) {
-      for (int keys : {1, 5, 6, 7, 8, 9, 61, 64}) {
+    for (int rows_pad : {fast_->row_lanes, 2 * fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
+      for (int keys : {1, 5, 6, 7, 8, 9, 11, 12, 13, 61, 64}) {
         const int ld_qt = rows_pad + 16, ld_k = d + 3, ld_st = rows_pad + 32;
         const std::vector<float> qt = random_floats(size_t(d) * ld_qt, 11 + d);
         const std::vector<float> k = random_floats(size_t(keys) * ld_k, 13 + keys);
@@ -114,7 +115,7 @@ TEST_P(CpuKernelSet, ScoresMatchPortable) {
 
 // The tile max ignores NaN and is exact: bit for bit the portable result.
 TEST_P(CpuKernelSet, TileMaxMatchesPortable) {
-  for (int rows_pad : {16, 48, 128}) {
+  for (int rows_pad : {fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
     for (int keys : {1, 7, 64}) {
       const int ld_st = rows_pad + 8;
       std::vector<float> st = random_floats(size_t(keys) * ld_st, 17 + keys, 10.0f);
@@ -141,7 +142,7 @@ TEST_P(CpuKernelSet, TileMaxMatchesPortable) {
 // the argument) of the float64 result, including denormal results, 0 below 2^-150 and for
 // -inf, NaN for NaN; the row sums within fp32 summation error.
 TEST_P(CpuKernelSet, Exp2SumMatchesPortable) {
-  for (int rows_pad : {16, 48, 128}) {
+  for (int rows_pad : {fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
     for (int keys : {1, 7, 64}) {
       const int ld_st = rows_pad + 8;
       std::vector<float> st = random_floats(size_t(keys) * ld_st, 19 + keys, 4.0f);
