@@ -16,6 +16,12 @@ namespace flashattn {
 namespace cpu {
 namespace {
 
+// Complete unrolling of the loops over a register block's accumulators, early enough that the
+// accumulator arrays become registers: without it g++ 12 keeps each array in memory too and
+// stores every accumulator once per key (12 stack stores per 12 FMAs). fp16 1 x 1024 x 4,
+// causal, 1 thread: d = 64 15.1 -> 11.6 ms, d = 128 28.1 -> 21.6, d = 256 59.9 -> 53.9.
+#define FA_UNROLL _Pragma("GCC unroll 16")
+
 constexpr int kLanes = 8;  // fp32 per ymm
 // Register blocks, 12 accumulators each (with the operands, the 16 ymm registers). Scores: 6
 // keys x 16 query rows (per head-dim step 2 loads of the query tile and 6 key broadcasts per 12
@@ -31,17 +37,24 @@ template <int kKeys, int kVecs>
 FA_AVX2 inline void scores_block(const float* qt, int ld_qt, const float* k, int ld_k, int d,
                                  float* st, int ld_st) {
   __m256 acc[kKeys][kVecs];
+  FA_UNROLL
   for (int i = 0; i < kKeys; ++i)
+    FA_UNROLL
     for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm256_setzero_ps();
   for (int c = 0; c < d; ++c) {
     __m256 q[kVecs];
+    FA_UNROLL
     for (int v = 0; v < kVecs; ++v) q[v] = _mm256_loadu_ps(qt + size_t(c) * ld_qt + v * kLanes);
+    FA_UNROLL
     for (int i = 0; i < kKeys; ++i) {
       const __m256 kc = _mm256_broadcast_ss(k + size_t(i) * ld_k + c);
+      FA_UNROLL
       for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm256_fmadd_ps(kc, q[v], acc[i][v]);
     }
   }
+  FA_UNROLL
   for (int i = 0; i < kKeys; ++i)
+    FA_UNROLL
     for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(st + size_t(i) * ld_st + v * kLanes, acc[i][v]);
 }
 
@@ -125,17 +138,24 @@ template <int kRows, int kVecs>
 FA_AVX2 inline void pv_block(const float* st, int ld_st, const float* v, int ld_v, int keys, float* o,
                              int ld_o) {
   __m256 acc[kRows][kVecs];
+  FA_UNROLL
   for (int i = 0; i < kRows; ++i)
+    FA_UNROLL
     for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm256_loadu_ps(o + size_t(i) * ld_o + c * kLanes);
   for (int j = 0; j < keys; ++j) {
     __m256 vj[kVecs];
+    FA_UNROLL
     for (int c = 0; c < kVecs; ++c) vj[c] = _mm256_loadu_ps(v + size_t(j) * ld_v + c * kLanes);
+    FA_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const __m256 p = _mm256_broadcast_ss(st + size_t(j) * ld_st + i);
+      FA_UNROLL
       for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm256_fmadd_ps(p, vj[c], acc[i][c]);
     }
   }
+  FA_UNROLL
   for (int i = 0; i < kRows; ++i)
+    FA_UNROLL
     for (int c = 0; c < kVecs; ++c) _mm256_storeu_ps(o + size_t(i) * ld_o + c * kLanes, acc[i][c]);
 }
 
