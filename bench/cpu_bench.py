@@ -251,9 +251,12 @@ def main():
               "torch": torch.__version__ if torch is not None else None,
               "flashattn": getattr(flashattn, "__version__", None),
               "kernel_override": os.environ.get("FLASHATTN_KERNEL", "automatic"),
+              # torch's own kernel level (ATEN_CPU_CAPABILITY caps it, e.g. avx2 beside cpu=avx2)
+              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if torch is not None else None,
               "repeat": args.repeat, "prefill": [], "decode": []}
 
-    print(f"{result['cpu']}, {args.threads} threads, torch {result['torch']}")
+    print(f"{result['cpu']}, {args.threads} threads, torch {result['torch']} ({result['torch_cpu_capability']}), "
+          f"FLASHATTN_KERNEL={result['kernel_override']}")
     print("dtype (b,s,h/hk,d,mask)                 ours GFLOP/s  torch  ratio (torch time / ours)")
     dtypes = ["fp32"] + (["bf16"] if bf16_available() else [])
     for dtype in dtypes:

@@ -250,8 +250,11 @@ def file_section(path, meta, rows):
     if cpu:
         title, make = f"CPU backend ({meta.get('cpu', 'CPU')}, {meta.get('threads', '?')} threads)", cpu_section
     out = [f"## {title}: `{path.name}`", ""]
-    facts = [f"{name} {meta[key]}" for key, name in (("torch", "torch"), ("cudnn", "cuDNN"), ("rounds", "rounds"),
-                                                      ("passes", "passes")) if key in meta]
+    facts = [f"{name} {meta[key]}" for key, name in (("torch", "torch"), ("torch_cpu_capability", "torch CPU capability"),
+                                                      ("cudnn", "cuDNN"), ("rounds", "rounds"),
+                                                      ("passes", "passes")) if meta.get(key) is not None]
+    if meta.get("kernel_override", "automatic") != "automatic":  # bench/cpu_bench.py under a cap
+        facts.append(f"FLASHATTN_KERNEL={meta['kernel_override']}")
     if "device" in meta or facts:
         out += [f"Recorded on {meta.get('device', 'an unnamed device')}" + (f" ({', '.join(facts)})" if facts else "") + ".", ""]
     if isinstance(meta.get("note"), str):

@@ -5,7 +5,7 @@
 // Each item walks the key tiles (splitkv_block_n(d) keys each) visible to its rows, cut by
 // split_tiles when num_splits > 1, with the online softmax of SoftmaxRowState (one state per
 // row) and a rescaled fp32 accumulator. The products and the softmax row passes are the tile
-// kernels of kernels.h (AVX-512 or portable, chosen at run time). Nothing proportional to
+// kernels of kernels.h (AVX-512, AVX2 or portable, chosen at run time). Nothing proportional to
 // seqlen_q x seqlen_k is ever allocated: the scratch of one worker is a few tiles.
 #include <algorithm>
 #include <cmath>
@@ -227,10 +227,10 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
-// The tile's query rows into ws.qt (transposed, fp32); the padding rows up to a whole row
-// vector are zero, so that their scores are finite.
+// The tile's query rows into ws.qt (transposed, fp32); the padding rows up to rows_pad (whole
+// row vectors) are zero, so that their scores are finite.
 template <typename S>
-void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
+void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows, int rows_pad,
             const TileShape& t, Scratch& ws) {
   using T = typename S::Element;
   const T* q = static_cast<const T*>(p.q);
@@ -239,7 +239,6 @@ void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows
     const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
     for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = S::load(q_row[c]);
   }
-  const int rows_pad = round_up(rows, kRowLanes);
   for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
 }
 
@@ -411,7 +410,7 @@ void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) 
 template <typename Exp2Sum>
 void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, const TileShape& t,
                     Scratch& ws, Exp2Sum exp2_sum) {
-  const int rows_pad = round_up(rows, kRowLanes);
+  const int rows_pad = round_up(rows, kern.row_lanes);
   bool rescale = false;
   for (int r = 0; r < rows; ++r) {
     SoftmaxRowState& state = ws.state[r];
@@ -460,10 +459,10 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
                    const WorkItem& w, const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
-  const int rows_pad = round_up(rows, kRowLanes);
+  const int rows_pad = round_up(rows, kern.row_lanes);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
-  load_q<S>(p, seq, w, rows, t, ws);
+  load_q<S>(p, seq, w, rows, rows_pad, t, ws);
   init_state(rows, t, ws);
   for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
     const int n0 = n_block * t.n;

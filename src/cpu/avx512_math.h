@@ -1,5 +1,6 @@
 // AVX-512 helpers shared by the AVX-512 and AMX tile kernels: the target attribute that lets
-// a function use them in a build with the library's ordinary flags, and a vector exp2.
+// a function use them in a build with the library's ordinary flags, and a vector exp2 (the rule
+// and its coefficients: exp2_poly.h, shared with avx2_math.h).
 #pragma once
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
@@ -8,6 +9,8 @@
 
 #ifdef FLASHATTN_HAVE_AVX512_KERNELS
 #include <immintrin.h>
+
+#include "cpu/exp2_poly.h"
 
 // GCC 12 warns inside its own intrinsics (their _mm512_undefined_ps operand).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -20,30 +23,20 @@
 namespace flashattn {
 namespace cpu {
 
-// 2^x for x <= 0 or NaN: 2^round(x) * 2^f, f in [-0.5, 0.5], the latter from its Taylor
-// polynomial of degree kDegree (at most 7). Inputs below -150 flush to 0; NaN stays NaN.
+// 2^x for x <= 0 or NaN by the rule of exp2_poly.h, with a polynomial of degree kDegree.
 template <int kDegree>
 FA_AVX512 inline __m512 exp2_poly_ps(__m512 x) {
-  static_assert(kDegree >= 1 && kDegree <= 7, "coefficients of (ln 2)^k / k! up to k = 7");
-  constexpr float kLowest = -150.0f;
-  constexpr float kCoefficients[8] = {1.0f,
-                                      0.6931471805599453f,
-                                      0.2402265069591007f,
-                                      0.05550410866482158f,
-                                      0.009618129107628477f,
-                                      0.0013333558146428443f,
-                                      0.00015403530393381608f,
-                                      1.525273380405984e-05f};
-  x = _mm512_max_ps(_mm512_set1_ps(kLowest), x);  // max returns its second operand on NaN
+  static_assert(kDegree >= 1 && kDegree <= kExp2MaxDegree, "exp2_poly.h has the coefficients up to kExp2MaxDegree");
+  x = _mm512_max_ps(_mm512_set1_ps(kExp2Lowest), x);  // max returns its second operand on NaN
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(kCoefficients[kDegree]);
-  for (int k = kDegree - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kCoefficients[k]));
+  __m512 p = _mm512_set1_ps(kExp2Coefficients[kDegree]);
+  for (int k = kDegree - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Coefficients[k]));
   return _mm512_scalef_ps(p, n);
 }
 
 // Degree 7: relative error below 1e-8 on [-0.5, 0.5], under fp32's half ulp.
-FA_AVX512 inline __m512 exp2_ps(__m512 x) { return exp2_poly_ps<7>(x); }
+FA_AVX512 inline __m512 exp2_ps(__m512 x) { return exp2_poly_ps<kExp2MaxDegree>(x); }
 
 // Degree 5 (relative error below 3e-6): for probabilities that are rounded to bf16 (8
 // significant bits) before they are used, while their fp32 row sums stay within 3e-6 (the LSE

@@ -1,10 +1,11 @@
 // The CPU backend's tile micro-kernels: the two products and the row passes of the online
-// softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set and
-// one AVX-512 set (kernels_avx512.cpp), chosen once at run time by what the CPU has
-// (docs/DECISIONS.md D-50, D-51).
+// softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set, one
+// AVX2 set (kernels_avx2.cpp) and one AVX-512 set (kernels_avx512.cpp), chosen once at run time
+// by what the CPU has (docs/DECISIONS.md D-50, D-51, D-63).
 //
 // Layouts (fp32, row-major, leading dimensions in elements):
-//   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to kRowLanes
+//   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to the set's
+//                          row_lanes
 //   k   (keys, ld_k)       the key tile, one key per row
 //   v   (keys, ld_v)       the value tile, one key per row; columns padded to kRowLanes with zeros
 //   st  (keys, ld_st)      scores transposed: st[j][r] = q_r . k_j, then probabilities
@@ -18,13 +19,18 @@
 namespace flashattn {
 namespace cpu {
 
-// Query rows per vector of the row passes; tiles pad their row count to a multiple of it.
+// Most query rows per vector of the row passes (AVX-512: 16); a set's row_lanes divides it.
+// Tiles pad their columns (d_pad) to a multiple of it, and their rows to the set's row_lanes.
 constexpr int kRowLanes = 16;
 
 struct TileKernels {
   const char* name;
+  // rows_pad below is a multiple of it: fp32 lanes of the set's vectors (AVX2: 8), so that a
+  // short tile (decode: the 4 query heads of a KV head) computes no more padding rows than the
+  // vectors need.
+  int row_lanes;
 
-  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of kRowLanes).
+  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of row_lanes).
   void (*scores)(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
                  int keys, float* st, int ld_st);
 
@@ -46,13 +52,17 @@ struct TileKernels {
   void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);
 };
 
-// The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx512|amx
+// The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx2|avx512|amx
 // in the environment caps the level used (read once; the tests use it to check each set).
-enum class KernelLevel { portable, avx512, amx };
+enum class KernelLevel { portable, avx2, avx512, amx };
 bool kernel_level_allowed(KernelLevel level);
 
 // The portable set: plain loops, vectorised by the compiler for the build's target.
 const TileKernels& portable_kernels();
+
+// The AVX2 set (8-lane fp32 vectors with FMA), or nullptr where it is not compiled in (not
+// x86-64, or a compiler without the target attribute) or the CPU lacks AVX2 or FMA.
+const TileKernels* avx2_kernels();
 
 // The AVX-512 set, or nullptr where it is not compiled in (not x86-64, or a compiler without
 // the target attribute) or the CPU lacks AVX-512 F/DQ/VL/BW.

@@ -168,7 +168,7 @@ FA_AVX512 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* ds
 }  // namespace
 
 const TileKernels* avx512_kernels() {
-  static const TileKernels kernels{"avx512", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"avx512", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
   static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   return supported ? &kernels : nullptr;

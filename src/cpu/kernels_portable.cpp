@@ -1,5 +1,6 @@
 // The portable tile kernels (plain loops over contiguous rows, which the compiler vectorises
-// for whatever the build targets) and the run-time choice between them and the AVX-512 set.
+// for whatever the build targets) and the run-time choice between them, the AVX2 set and the
+// AVX-512 set.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -70,10 +71,11 @@ void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst) {
   for (int c = 0; c < n; ++c) dst[c] = float_to_bf16_bits(src[c] * scale);
 }
 
-// FLASHATTN_KERNEL=...,cpu=portable|avx512 (tests) caps the kernel set.
+// FLASHATTN_KERNEL=...,cpu=portable|avx2|avx512|amx (tests) caps the kernel set.
 KernelLevel highest_allowed_level() {
   switch (kernel_override_from_env().cpu_kernels) {
     case CpuKernels::portable: return KernelLevel::portable;
+    case CpuKernels::avx2: return KernelLevel::avx2;
     case CpuKernels::avx512: return KernelLevel::avx512;
     default: return KernelLevel::amx;
   }
@@ -87,14 +89,16 @@ bool kernel_level_allowed(KernelLevel level) {
 }
 
 const TileKernels& portable_kernels() {
-  static const TileKernels kernels{"portable", scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"portable", kRowLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
   return kernels;
 }
 
 const TileKernels& tile_kernels() {
   static const TileKernels& chosen = [&]() -> const TileKernels& {
-    const TileKernels* fast = avx512_kernels();
-    if (fast != nullptr && kernel_level_allowed(KernelLevel::avx512)) return *fast;
+    const TileKernels* avx512 = avx512_kernels();
+    if (avx512 != nullptr && kernel_level_allowed(KernelLevel::avx512)) return *avx512;
+    const TileKernels* avx2 = avx2_kernels();
+    if (avx2 != nullptr && kernel_level_allowed(KernelLevel::avx2)) return *avx2;
     return portable_kernels();
   }();
   return chosen;

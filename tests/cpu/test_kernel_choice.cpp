@@ -467,4 +467,19 @@ TEST(KernelOverride, ParsesOneEnvironmentVariable) {
   EXPECT_STREQ(flashattn::kernel_name(Kernel::heads), "heads");
 }
 
+TEST(KernelOverride, ParsesCpuKernelCaps) {
+  using flashattn::CpuKernels;
+  using flashattn::parse_kernel_override;
+  EXPECT_EQ(parse_kernel_override("").cpu_kernels, CpuKernels::automatic);
+  EXPECT_EQ(parse_kernel_override("automatic,cpu=portable").cpu_kernels, CpuKernels::portable);
+  EXPECT_EQ(parse_kernel_override("automatic,cpu=avx2").cpu_kernels, CpuKernels::avx2);
+  EXPECT_EQ(parse_kernel_override("automatic,cpu=avx512").cpu_kernels, CpuKernels::avx512);
+  EXPECT_EQ(parse_kernel_override("automatic,cpu=amx").cpu_kernels, CpuKernels::amx);
+  EXPECT_THROW(parse_kernel_override("automatic,cpu=sse2"), flashattn::Error);
+  // The caps are ordered as the kernel sets, from the most portable up.
+  EXPECT_LT(int(CpuKernels::portable), int(CpuKernels::avx2));
+  EXPECT_LT(int(CpuKernels::avx2), int(CpuKernels::avx512));
+  EXPECT_LT(int(CpuKernels::avx512), int(CpuKernels::amx));
+}
+
 }  // namespace

@@ -1,17 +1,25 @@
-// The CPU tile kernels' one exact operation, fp32 -> bf16 output rounding, agrees bit for bit
-// between the portable set and the AVX-512 set (where the CPU has it), on random values, ties,
-// denormals, infinities and NaN, for lengths that end inside a vector.
+// The CPU tile kernel sets (src/cpu/kernels.h) against the portable set, for every vector set the
+// CPU has (AVX2, AVX-512; a set the CPU lacks is skipped): the one exact operation, fp32 -> bf16
+// output rounding, bit for bit on random values, ties, denormals, infinities and NaN; the
+// products, the row passes and the rescale on random tiles of every shape class (tails of the
+// register blocks, one key, one row, rows_pad of one row vector), within fp32 rounding of a
+// float64 sum; and exp2 of the AVX2 set bit for bit the AVX-512 set's (one rule, exp2_poly.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/kernels.h"
 
 namespace {
+
+using flashattn::cpu::TileKernels;
+using flashattn::cpu::kRowLanes;
 
 float from_bits(uint32_t bits) {
   float f;
@@ -19,27 +27,253 @@ float from_bits(uint32_t bits) {
   return f;
 }
 
-TEST(CpuKernels, Bf16RoundingMatchesPortable) {
-  const flashattn::cpu::TileKernels* fast = flashattn::cpu::avx512_kernels();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX-512 on this CPU";
-  std::vector<float> src;
-  std::mt19937 gen(3);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (int i = 0; i < 1000; ++i) src.push_back(normal(gen));
+uint32_t to_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+struct KernelSet {
+  const char* name;
+  const TileKernels* (*get)();
+};
+
+void PrintTo(const KernelSet& set, std::ostream* os) { *os << set.name; }
+
+class CpuKernelSet : public ::testing::TestWithParam<KernelSet> {
+ protected:
+  void SetUp() override {
+    fast_ = GetParam().get();
+    if (fast_ == nullptr) GTEST_SKIP() << "no " << GetParam().name << " on this CPU (or not compiled in)";
+    ASSERT_STREQ(fast_->name, GetParam().name);
+    ASSERT_EQ(kRowLanes % fast_->row_lanes, 0) << "row_lanes divides kRowLanes";
+  }
+  const TileKernels& portable() const { return flashattn::cpu::portable_kernels(); }
+  const TileKernels* fast_ = nullptr;
+};
+
+std::vector<float> random_floats(size_t n, unsigned seed, float stddev = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(gen);
+  return x;
+}
+
+TEST_P(CpuKernelSet, Bf16RoundingMatchesPortable) {
+  std::vector<float> src = random_floats(1000, 3, 3.0f);
   for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x7f800000u,
                         0xff800000u, 0x7fc00001u, 0x7f800001u, 0xffffffffu, 0x00000000u, 0x80000000u}) {
     src.push_back(from_bits(bits));
   }
-  for (int n : {int(src.size()), 1, 15, 17, 31}) {
+  for (int n : {int(src.size()), 1, 7, 8, 9, 15, 17, 31}) {
     for (float scale : {1.0f, 0.37f}) {
-      std::vector<uint16_t> want(n), got(n, 0xdead);
-      flashattn::cpu::portable_kernels().scaled_to_bf16(src.data(), n, scale, want.data());
-      fast->scaled_to_bf16(src.data(), n, scale, got.data());
-      for (int c = 0; c < n; ++c) {
+      std::vector<uint16_t> want(n + 8, 0xbeef), got(n + 8, 0xbeef);
+      portable().scaled_to_bf16(src.data(), n, scale, want.data());
+      fast_->scaled_to_bf16(src.data(), n, scale, got.data());
+      for (int c = 0; c < n + 8; ++c) {  // past n: untouched
         ASSERT_EQ(got[c], want[c]) << "n=" << n << " scale=" << scale << " c=" << c << " x=" << src[c];
       }
     }
   }
+}
+
+// st = k . qt^T for head dims and key counts that end inside the register blocks and vectors.
+TEST_P(CpuKernelSet, ScoresMatchPortable) {
+  for (int d : {1, 7, 16, 40, 128, 256}) {
+    for (int rows_pad : {fast_->row_lanes, 2 * fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
+      for (int keys : {1, 5, 6, 7, 8, 9, 11, 12, 13, 61, 64}) {
+        const int ld_qt = rows_pad + 16, ld_k = d + 3, ld_st = rows_pad + 32;
+        const std::vector<float> qt = random_floats(size_t(d) * ld_qt, 11 + d);
+        const std::vector<float> k = random_floats(size_t(keys) * ld_k, 13 + keys);
+        std::vector<float> want(size_t(keys) * ld_st, -7.0f), got(want);
+        portable().scores(qt.data(), ld_qt, k.data(), ld_k, d, rows_pad, keys, want.data(), ld_st);
+        fast_->scores(qt.data(), ld_qt, k.data(), ld_k, d, rows_pad, keys, got.data(), ld_st);
+        for (int j = 0; j < keys; ++j) {
+          for (int r = 0; r < ld_st; ++r) {
+            const size_t at = size_t(j) * ld_st + r;
+            if (r >= rows_pad) {
+              ASSERT_EQ(got[at], -7.0f) << "wrote past rows_pad: d=" << d << " j=" << j << " r=" << r;
+              continue;
+            }
+            double exact = 0, magnitude = 0;
+            for (int c = 0; c < d; ++c) {
+              const double term = double(k[size_t(j) * ld_k + c]) * qt[size_t(c) * ld_qt + r];
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            const double tolerance = 4 * d * 0x1p-24 * magnitude;
+            ASSERT_NEAR(got[at], exact, tolerance) << "d=" << d << " rows_pad=" << rows_pad << " keys=" << keys
+                                                   << " j=" << j << " r=" << r;
+            ASSERT_NEAR(got[at], want[at], 2 * tolerance);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The tile max ignores NaN and is exact: bit for bit the portable result.
+TEST_P(CpuKernelSet, TileMaxMatchesPortable) {
+  for (int rows_pad : {fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
+    for (int keys : {1, 7, 64}) {
+      const int ld_st = rows_pad + 8;
+      std::vector<float> st = random_floats(size_t(keys) * ld_st, 17 + keys, 10.0f);
+      std::mt19937 gen(5);
+      for (float& s : st) {
+        const unsigned pick = gen() % 16;
+        if (pick == 0) s = std::numeric_limits<float>::quiet_NaN();
+        if (pick == 1) s = -INFINITY;
+      }
+      for (int r = 0; r < rows_pad; r += 5) {  // whole columns of -inf, of NaN
+        for (int j = 0; j < keys; ++j) st[size_t(j) * ld_st + r] = r % 10 ? -INFINITY : std::nanf("");
+      }
+      std::vector<float> want(rows_pad), got(rows_pad);
+      portable().tile_max(st.data(), ld_st, rows_pad, keys, want.data());
+      fast_->tile_max(st.data(), ld_st, rows_pad, keys, got.data());
+      for (int r = 0; r < rows_pad; ++r) {
+        ASSERT_EQ(to_bits(got[r]), to_bits(want[r])) << "rows_pad=" << rows_pad << " keys=" << keys << " r=" << r;
+      }
+    }
+  }
+}
+
+// exp2 of scaled scores minus the row offsets: every value within 2 ulp (plus the rounding of
+// the argument) of the float64 result, including denormal results, 0 below 2^-150 and for
+// -inf, NaN for NaN; the row sums within fp32 summation error.
+TEST_P(CpuKernelSet, Exp2SumMatchesPortable) {
+  for (int rows_pad : {fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
+    for (int keys : {1, 7, 64}) {
+      const int ld_st = rows_pad + 8;
+      std::vector<float> st = random_floats(size_t(keys) * ld_st, 19 + keys, 4.0f);
+      std::mt19937 gen(9);
+      for (float& s : st) {
+        const unsigned pick = gen() % 32;
+        if (pick == 0) s = std::numeric_limits<float>::quiet_NaN();
+        if (pick == 1) s = -INFINITY;
+        if (pick == 2) s = -100.0f - float(gen() % 1000) * 0.11f;  // 2^-100 .. 2^-210: denormals, 0
+      }
+      std::vector<float> offset = random_floats(rows_pad, 23, 1.0f);
+      for (float& o : offset) o = std::fabs(o) + 8.0f;
+      const float scale = 0.9f;
+      std::vector<float> want(st), got(st), want_sum(rows_pad), got_sum(rows_pad);
+      portable().exp2_sum(want.data(), ld_st, rows_pad, keys, scale, offset.data(), want_sum.data());
+      fast_->exp2_sum(got.data(), ld_st, rows_pad, keys, scale, offset.data(), got_sum.data());
+      for (int r = 0; r < rows_pad; ++r) {
+        double sum = 0, sum_tolerance = 0;
+        bool nan_row = false;
+        for (int j = 0; j < keys; ++j) {
+          const size_t at = size_t(j) * ld_st + r;
+          const double x = double(st[at]) * scale - offset[r];
+          const double exact = std::exp2(x);
+          if (std::isnan(st[at])) {
+            ASSERT_TRUE(std::isnan(got[at])) << "j=" << j << " r=" << r;
+            nan_row = true;
+            continue;
+          }
+          if (std::isinf(st[at])) {
+            ASSERT_EQ(to_bits(got[at]), 0u) << "exp2(-inf) j=" << j << " r=" << r;
+            continue;
+          }
+          // The argument is rounded once or twice (multiply, subtract): at most
+          // (|s scale| + |x|) 2^-24 absolute, ln 2 times that relative in exp2.
+          const double argument_error = (std::fabs(double(st[at]) * scale) + std::fabs(x)) * 0x1p-24;
+          const double tolerance = exact * (2 * 0x1p-24 + 0.7 * argument_error) + 0x1p-149;
+          ASSERT_NEAR(got[at], exact, tolerance) << "x=" << x << " j=" << j << " r=" << r;
+          ASSERT_NEAR(want[at], exact, tolerance) << "portable, x=" << x;
+          sum += exact;
+          sum_tolerance += tolerance;
+        }
+        if (nan_row) {
+          ASSERT_TRUE(std::isnan(got_sum[r])) << "r=" << r;
+        } else {
+          ASSERT_NEAR(got_sum[r], sum, sum_tolerance + sum * (keys + 4) * 0x1p-24) << "r=" << r;
+        }
+        for (int j = 0; j < keys; ++j) {  // past rows_pad: untouched
+          for (int c = rows_pad; c < ld_st; ++c) ASSERT_EQ(to_bits(got[size_t(j) * ld_st + c]), to_bits(st[size_t(j) * ld_st + c]));
+        }
+      }
+    }
+  }
+}
+
+// The rescale is one multiplication: bit for bit the portable result.
+TEST_P(CpuKernelSet, ScaleRowsMatchesPortable) {
+  for (int rows : {1, 5, 128}) {
+    for (int d_pad : {16, 48, 256}) {
+      const int ld_o = d_pad + 16;
+      const std::vector<float> o = random_floats(size_t(rows) * ld_o, 29);
+      std::vector<float> factor = random_floats(rows, 31);
+      factor[0] = 0.0f;
+      std::vector<float> want(o), got(o);
+      portable().scale_rows(want.data(), ld_o, rows, d_pad, factor.data());
+      fast_->scale_rows(got.data(), ld_o, rows, d_pad, factor.data());
+      for (size_t i = 0; i < o.size(); ++i) ASSERT_EQ(to_bits(got[i]), to_bits(want[i])) << "rows=" << rows << " i=" << i;
+    }
+  }
+}
+
+// o += p . v for row counts and widths that end inside the register blocks.
+TEST_P(CpuKernelSet, PvMatchesPortable) {
+  for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
+    for (int keys : {1, 7, 64}) {
+      for (int d_pad : {16, 32, 48, 128, 256}) {
+        const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
+        std::vector<float> st = random_floats(size_t(keys) * ld_st, 37 + rows);
+        for (float& p : st) p = std::fabs(p);
+        const std::vector<float> v = random_floats(size_t(keys) * ld_v, 41 + keys);
+        const std::vector<float> o = random_floats(size_t(128) * ld_o, 43);
+        std::vector<float> want(o), got(o);
+        portable().pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, want.data(), ld_o);
+        fast_->pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, got.data(), ld_o);
+        for (int r = 0; r < 128; ++r) {
+          for (int c = 0; c < ld_o; ++c) {
+            const size_t at = size_t(r) * ld_o + c;
+            if (r >= rows || c >= d_pad) {
+              ASSERT_EQ(to_bits(got[at]), to_bits(o[at])) << "wrote outside: rows=" << rows << " r=" << r << " c=" << c;
+              continue;
+            }
+            double exact = o[at], magnitude = std::fabs(o[at]);
+            for (int j = 0; j < keys; ++j) {
+              const double term = double(st[size_t(j) * ld_st + r]) * v[size_t(j) * ld_v + c];
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            const double tolerance = 4 * (keys + 1) * 0x1p-24 * magnitude;
+            ASSERT_NEAR(got[at], exact, tolerance) << "rows=" << rows << " keys=" << keys << " d_pad=" << d_pad
+                                                   << " r=" << r << " c=" << c;
+            ASSERT_NEAR(got[at], want[at], 2 * tolerance);
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sets, CpuKernelSet,
+                         ::testing::Values(KernelSet{"avx2", flashattn::cpu::avx2_kernels},
+                                           KernelSet{"avx512", flashattn::cpu::avx512_kernels}),
+                         [](const ::testing::TestParamInfo<KernelSet>& info) { return std::string(info.param.name); });
+
+// One exp2 rule (exp2_poly.h): the AVX2 set's exp2 (2^n applied as two exponent factors) gives
+// the AVX-512 set's results (scalef) bit for bit, denormals, flushes and NaN included.
+TEST(CpuKernels, Avx2Exp2IsAvx512Exp2) {
+  const TileKernels* avx2 = flashattn::cpu::avx2_kernels();
+  const TileKernels* avx512 = flashattn::cpu::avx512_kernels();
+  if (avx2 == nullptr || avx512 == nullptr) GTEST_SKIP() << "needs both AVX2 and AVX-512";
+  const int rows_pad = kRowLanes * 8;
+  std::vector<float> x;
+  for (int i = 0; x.size() < size_t(rows_pad) * 100; ++i) x.push_back(-160.0f + float(i) * 0.01003f);
+  x[5] = -INFINITY;
+  x[6] = std::numeric_limits<float>::quiet_NaN();
+  x[7] = -0.0f;
+  x[8] = 0.0f;
+  const int keys = int(x.size()) / rows_pad;
+  const std::vector<float> offset(rows_pad, 0.0f);
+  std::vector<float> a(x), b(x), sum_a(rows_pad), sum_b(rows_pad);
+  avx2->exp2_sum(a.data(), rows_pad, rows_pad, keys, 1.0f, offset.data(), sum_a.data());
+  avx512->exp2_sum(b.data(), rows_pad, rows_pad, keys, 1.0f, offset.data(), sum_b.data());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(to_bits(a[i]), to_bits(b[i])) << "x=" << x[i];
 }
 
 }  // namespace

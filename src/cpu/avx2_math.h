@@ -1,0 +1,49 @@
+// AVX2 helpers of the AVX2 tile kernels: the target attribute that lets a function use AVX2 and
+// FMA in a build with the library's ordinary flags, and a vector exp2 (the rule and its
+// coefficients: exp2_poly.h, shared with avx512_math.h).
+#pragma once
+
+// Where the target attribute exists (GCC and Clang on x86-64), as for the AVX-512 set.
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define FLASHATTN_HAVE_AVX2_KERNELS 1
+#endif
+
+#ifdef FLASHATTN_HAVE_AVX2_KERNELS
+#include <immintrin.h>
+
+#include "cpu/exp2_poly.h"
+
+#define FA_AVX2 __attribute__((target("avx2,fma")))
+
+namespace flashattn {
+namespace cpu {
+
+// 2^k for integer lanes k in [-126, 127]: the exponent field alone.
+FA_AVX2 inline __m256 exp2_int_ps(__m256i k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+}
+
+// 2^x for x <= 0 or NaN by the rule of exp2_poly.h, with a polynomial of degree kDegree.
+// AVX2 has no scalef: 2^n is applied as 2^(n - n/2) * 2^(n/2), each factor a normal number for
+// n in [-150, 1], so that results down to 2^-150 come out as the AVX-512 set's (denormals
+// included). On NaN, n's lanes hold garbage but p is NaN, and so is the product.
+template <int kDegree>
+FA_AVX2 inline __m256 exp2_poly_ps(__m256 x) {
+  static_assert(kDegree >= 1 && kDegree <= kExp2MaxDegree, "exp2_poly.h has the coefficients up to kExp2MaxDegree");
+  x = _mm256_max_ps(_mm256_set1_ps(kExp2Lowest), x);  // max returns its second operand on NaN
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(kExp2Coefficients[kDegree]);
+  for (int k = kDegree - 1; k >= 0; --k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coefficients[k]));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);  // floor(n / 2)
+  return _mm256_mul_ps(_mm256_mul_ps(p, exp2_int_ps(_mm256_sub_epi32(ni, half))), exp2_int_ps(half));
+}
+
+// Degree 7, as the AVX-512 set's exp2_ps: relative error below 1e-8 on [-0.5, 0.5].
+FA_AVX2 inline __m256 exp2_ps(__m256 x) { return exp2_poly_ps<kExp2MaxDegree>(x); }
+
+}  // namespace cpu
+}  // namespace flashattn
+
+#endif
