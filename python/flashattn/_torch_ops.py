@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C
-from ._frameworks import to_extension
+from ._frameworks import _contiguous_last_dim, to_extension
 
 _to_dlpack = torch.utils.dlpack.to_dlpack
 _NO_LSE = (0,)  # shape of the softmax_lse output when it is not asked for
@@ -47,12 +47,10 @@ def _x(t):
 
 def _in(t):
     """An input the call only reads, as _x gives it, copied first if its last dimension is strided
-    (flash_attn makes such inputs contiguous too). A tensor the call writes (out, softmax_lse, a
-    cache appended to, the workspace) goes through _x unchanged, so the library refuses a strided
-    one by name instead of writing into a copy."""
-    if (isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1):
-        t = t.contiguous()
-    return _x(t)
+    (_frameworks._contiguous_last_dim, flash_attn's rule). A tensor the call writes (out,
+    softmax_lse, a cache appended to, the workspace) goes through _x unchanged, so the library
+    refuses a strided one by name instead of writing into a copy."""
+    return _x(_contiguous_last_dim(t))
 
 
 def _stream(q) -> int:

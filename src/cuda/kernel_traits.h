@@ -10,6 +10,7 @@
 #include "common/rules.h"
 #include "common/tuning.h"
 #include "cuda/components/cta_geometry.h"
+#include "cuda/components/warp_roles.h"
 
 namespace flashattn {
 namespace cuda {
@@ -357,7 +358,7 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
   static constexpr int kStages = Config::kStages;
   // The launch: a producer warpgroup besides the 8 consumer warps of the base (whose count the O
   // store's copy partition keeps).
-  static constexpr int kNThreads = 3 * 128;
+  static constexpr int kNThreads = fwd::kWarpSpecThreads;
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kTileBytesQ = kQElems * int(sizeof(Element));
   static constexpr int kTileBytesKV = kKVElems * int(sizeof(Element));

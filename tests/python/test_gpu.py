@@ -174,13 +174,10 @@ def test_side_stream_and_out():
     assert_close(out, ref, naive, torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen(dtype):
-    require_instance(dtype, 128)
-    torch.manual_seed(3)
-    lq, lk = [1, 113, 0, 339, 17], [17, 339, 5, 113, 17]
+def check_causal_varlen(lq, lk, h, hk, d, dtype):
+    """A causal flash_attn_varlen_func call over sequences of lq queries and lk keys, each
+    sequence's out and LSE against the float64 reference."""
     cu = lambda n: torch.tensor([0] + list(np.cumsum(n)), dtype=torch.int32, device="cuda")
-    h, hk, d = 8, 2, 128
     q = randn(sum(lq), h, d, dtype=dtype)
     k, v = randn(sum(lk), hk, d, dtype=dtype), randn(sum(lk), hk, d, dtype=dtype)
     out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), max(lq), max(lk),
@@ -190,8 +187,15 @@ def test_varlen(dtype):
         qs, ks = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
         ref, ref_lse = attend(q[qs], k[ks], v[ks], causal=True)
         naive, _ = attend(q[qs], k[ks], v[ks], causal=True, lowp=dtype)
-        assert_close(out[qs], ref, naive, dtype, f"out of sequence {b}")
+        assert_close(out[qs], ref, naive, dtype, f"varlen out of sequence {b}")
         assert_lse(lse[:, qs], ref_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen(dtype):
+    require_instance(dtype, 128)
+    torch.manual_seed(3)
+    check_causal_varlen([1, 113, 0, 339, 17], [17, 339, 5, 113, 17], 8, 2, 128, dtype)
 
 
 # ---- kv cache: paged decode, CUDA graph ---------------------------------------------------------
@@ -325,19 +329,7 @@ def test_any_head_dim_dense_varlen(dtype, d):
     naive, _ = dense_ref(q, k, v, window=(16, 0), lowp=dtype)
     assert_close(out, ref, naive, dtype, "packed out")
     # varlen
-    lq, lk = [1, 113, 0, 17], [17, 339, 5, 17]
-    cu = lambda n: torch.tensor([0] + list(np.cumsum(n)), dtype=torch.int32, device="cuda")
-    q = randn(sum(lq), 4, d, dtype=dtype)
-    k, v = randn(sum(lk), 2, d, dtype=dtype), randn(sum(lk), 2, d, dtype=dtype)
-    out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), max(lq), max(lk),
-                                                   causal=True, return_attn_probs=True)
-    oq, ok = np.cumsum([0] + lq), np.cumsum([0] + lk)
-    for b in range(len(lq)):
-        qs, ks = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
-        ref, ref_lse = attend(q[qs], k[ks], v[ks], causal=True)
-        naive, _ = attend(q[qs], k[ks], v[ks], causal=True, lowp=dtype)
-        assert_close(out[qs], ref, naive, dtype, f"varlen out of sequence {b}")
-        assert_lse(lse[:, qs], ref_lse)
+    check_causal_varlen([1, 113, 0, 17], [17, 339, 5, 17], 4, 2, d, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -6,9 +6,9 @@
 // count. Rows and columns past the tensor's extent (the sequence's end, a head dim below the
 // instance's) arrive as zeros, so no tile needs a bounds check of its own.
 //
-// The hardware's rules for a descriptor (tma_describable below): a 16-byte aligned base,
-// strides that are positive multiples of 16 bytes below 2^40, extents in [1, 2^32). The kernel
-// choice sends other layouts to the gathering kernels (api/kernel_choice.cpp).
+// Only tensors that meet the hardware's rules for a descriptor get here: api/kernel_choice.h
+// tma_describable checks them, and the kernel choice sends other layouts to the gathering
+// kernels.
 #pragma once
 
 #include <cstdint>
