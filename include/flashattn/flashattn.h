@@ -53,7 +53,10 @@ class FLASHATTN_API Error : public std::runtime_error {
 // stands for "not given" wherever an argument is optional.
 // ---------------------------------------------------------------------------------------------
 
-enum class DType { f16, bf16, f32, i32 };
+// e4m3: FP8 (float8_e4m3fn: 1 sign, 4 exponent, 3 mantissa bits, max 448, no infinities), a
+// storage type only: q, k, v or a KV cache in e4m3 are scaled by their descale factors
+// (AttentionOptions) and computed in bf16/fp16 (docs/DECISIONS.md D-64).
+enum class DType { f16, bf16, f32, i32, e4m3 };
 enum class Device { cpu, cuda };
 
 constexpr int kMaxDims = 4;
@@ -166,7 +169,20 @@ struct AttentionOptions {
   // kernels met (check_device_status). Off by default: the default path never synchronises. Also
   // on for every call with FLASHATTN_KERNEL=...,checked=on.
   bool checked = false;
+  // FP8 (e4m3) tensors: the real value of a stored element x is descale * x. fp32, a scalar
+  // (shape () or (1)) or one factor per (batch, KV head): shape (b, hk). Unset: 1. q_descale is
+  // given only with an e4m3 q, k_descale / v_descale only with e4m3 k / v (or caches). With an
+  // e4m3 KV cache, k_new / v_new (q's dtype) are quantized into it with these factors:
+  // stored = e4m3(x / descale), rounded to nearest even, saturated at +-448.
+  Tensor q_descale;
+  Tensor k_descale;
+  Tensor v_descale;
 };
+
+// FP8 dtypes of a call:
+//   prefill (forward, forward_varlen): q, k, v all e4m3, out bf16;
+//   kv cache: k_cache / v_cache e4m3 with q bf16 or fp16 (out q's dtype) or q e4m3 (out bf16);
+//   k_new / v_new have out's dtype. softmax_lse stays fp32.
 
 // ---------------------------------------------------------------------------------------------
 // Dense: q (b, sq, h, d); k, v (b, sk, hk, d); out (b, sq, h, d). h % hk == 0.

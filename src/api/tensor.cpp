@@ -68,6 +68,7 @@ const char* dtype_name(DType dtype) {
     case DType::bf16: return "bf16";
     case DType::f32: return "fp32";
     case DType::i32: return "int32";
+    case DType::e4m3: return "e4m3";
   }
   return "?";
 }
@@ -76,6 +77,7 @@ const char* device_name(Device device) { return device == Device::cuda ? "cuda" 
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
+    case DType::e4m3: return 1;
     case DType::f16:
     case DType::bf16: return 2;
     case DType::f32:

@@ -1,5 +1,5 @@
-// Host conversions between fp32 and the 16-bit storage types (IEEE binary16 and bfloat16),
-// bit-exact, round-to-nearest-even, no dependency beyond the standard library.
+// Host conversions between fp32 and the 16-bit storage types (IEEE binary16 and bfloat16) and
+// FP8 e4m3, bit-exact, round-to-nearest-even, no dependency beyond the standard library.
 //
 // The values are carried as their raw bits (uint16_t) so that host code needs no CUDA headers.
 // NaN inputs give a quiet NaN; values beyond the largest finite 16-bit value round to infinity
@@ -77,6 +77,47 @@ inline uint16_t float_to_bf16_bits(float f) {
   if ((x & kF32AbsMask) > kF32Inf) return uint16_t((x >> 16) | 0x40u);  // quiet NaN
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);                  // nearest, ties to even
   return uint16_t((x + rounding) >> 16);
+}
+
+// ---- FP8 e4m3 (float8_e4m3fn) ------------------------------------------------------------------
+//
+// 1 sign, 4 exponent (bias 7), 3 mantissa bits; exponent 0 holds the subnormals m * 2^-9; the
+// all-ones pattern (0x7f / 0xff) is NaN; no infinities; the largest finite value is 448.
+// Every e4m3 value is exact in bf16, fp16 and fp32.
+
+inline float e4m3_bits_to_float(uint8_t b) {
+  using namespace half_detail;
+  const uint32_t sign = uint32_t(b & 0x80u) << 24;
+  const uint32_t exponent = (b >> 3) & 0xfu;
+  const uint32_t mantissa = b & 0x7u;
+  if (exponent == 0) return bits_float(sign | float_bits(float(mantissa) * 0.001953125f));  // 2^-9
+  if (exponent == 0xfu && mantissa == 0x7u) return bits_float(sign | 0x7fc00000u);          // NaN
+  constexpr uint32_t kRebias = 127 - 7;
+  return bits_float(sign | ((exponent + kRebias) << 23) | (mantissa << 20));
+}
+
+// Round to nearest even, saturating: finite values beyond 448 and infinities give +-448
+// (CUDA's __NV_SATFINITE); NaN gives NaN (0x7f with the sign).
+inline uint8_t float_to_e4m3_bits(float f) {
+  using namespace half_detail;
+  const uint32_t x = float_bits(f);
+  const uint8_t sign = uint8_t((x >> 24) & 0x80u);
+  uint32_t ax = x & kF32AbsMask;
+  if (ax > kF32Inf) return sign | 0x7fu;
+  constexpr uint32_t kMaxFinite = 0x43e00000u;  // 448
+  if (ax >= kMaxFinite) return sign | 0x7eu;
+  constexpr uint32_t kMinNormal = 0x3c800000u;  // 2^-6
+  if (ax < kMinNormal) {
+    // As float_to_half_bits: 2^14 has an fp32 ulp of 2^-9, the e4m3 subnormal unit (a result
+    // of 8 is the smallest normal, 0x08).
+    const float shifted = bits_float(ax) + 16384.0f;
+    return sign | uint8_t(float_bits(shifted) - float_bits(16384.0f));
+  }
+  // Normal: rebias (-120 << 23) and round the mantissa from 23 to 3 bits, ties to even; a value
+  // below 448 never rounds past it (the next step, 480, is beyond the rounding midpoint 464).
+  const uint32_t odd = (ax >> 20) & 1u;
+  ax = ax - (120u << 23) + 0x7ffffu + odd;
+  return sign | uint8_t(ax >> 20);
 }
 
 }  // namespace flashattn

@@ -24,7 +24,9 @@
 namespace flashattn {
 
 struct AttnParams {
-  DType dtype = DType::bf16;  // storage type of q, k, v, out (f16, bf16; CPU also f32)
+  DType dtype = DType::bf16;  // compute type, and storage type of out (f16, bf16; CPU also f32)
+  DType q_storage = DType::bf16;   // storage type of q: dtype, or e4m3
+  DType kv_storage = DType::bf16;  // storage type of k and v: dtype, or e4m3
   int device_index = 0;       // CUDA device holding every tensor (the API checked they agree)
 
   // ---- tensors -------------------------------------------------------------------------
@@ -73,6 +75,17 @@ struct AttnParams {
   // whose backend never sees one (the host checked the values).
   DeviceStatus* status = nullptr;
 
+  // ---- FP8 descale factors (q_storage / kv_storage e4m3) --------------------------------------
+  // Factor of (batch b, KV head hk): x_descale[b * x_descale_batch_stride + hk * x_descale_head_stride]
+  // (both strides 0 for a scalar); null: 1. Softmax of descale_q * descale_k * q·k * softmax_scale,
+  // output descale_v * sum(p v). Same device as q.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+
   // ---- score function and masks ------------------------------------------------------------
   float softmax_scale = 1.0f;   // multiplies q·k
   float softcap = 0.0f;         // > 0: s = softcap * tanh(q·k * scale / softcap)
@@ -106,7 +119,14 @@ struct AttnParams {
 // i.e. the cache row it is written to). Rotary position of query i: seqused_k[b] + i when
 // rotary_q_per_row (causal or local), else seqused_k[b] for every query.
 struct AppendParams {
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;        // q, k_new, v_new, rotary tables (f16, bf16; CPU also f32)
+  DType cache_storage = DType::bf16;  // k_cache / v_cache: dtype, or e4m3 (quantized on append)
+  // e4m3 cache: stored = e4m3_rn_satfinite(float(x) / descale), x the (rotated) new key / value
+  // rounded to dtype first; descale as AttnParams (b, hk), null = 1.
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
   int device_index = 0;  // CUDA device holding every tensor
   int batch = 0, num_heads = 0, num_heads_k = 0, head_dim = 0;
   int seqlen_q = 0;
