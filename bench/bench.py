@@ -5,6 +5,8 @@ and CUDNN_ATTENTION, on identical inputs, in one process.
     python3 bench/bench.py prefill --out bench/results/prefill-h200.json --plot bench/results/prefill-h200.png
     python3 bench/bench.py decode  --out bench/results/decode-h200.json  --plot bench/results/decode-h200.png
     python3 bench/bench.py chunked --out bench/results/prefill-paged-h200.json
+    python3 bench/bench.py prefill-fp8 --out bench/results/prefill-fp8-h200.json --plot bench/results/prefill-fp8-h200.png
+    python3 bench/bench.py decode-fp8  --out bench/results/decode-fp8-h200.json  --plot bench/results/decode-fp8-h200.png
 
 Prefill follows the FlashAttention-2 benchmark convention: 16384 tokens per batch
 (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim), bf16, FLOPs = 4*b*h*s*s*d,
@@ -13,7 +15,10 @@ K and V read. Times are triton.testing.do_bench medians (ms); a decode point's c
 --rounds times in turn, the whole table is measured --passes times over, and each call keeps its
 best median. Chunked prefill: one sequence, a chunk of 512 or 2048 query tokens over 8k or 32k
 cached ones, causal, 32 query heads, 8 KV heads, d = 128, the cache contiguous and in pages of 16
-and 256 rows (TFLOP/s, paged over contiguous).
+and 256 rows (TFLOP/s, paged over contiguous). FP8 (prefill-fp8, decode-fp8): the same points
+with q, k, v (prefill) or the cache (decode) in float8_e4m3fn, per-tensor descales (amax / 448),
+timed beside our bf16 call on the same values; records as above, plus the bf16 figure of the
+point ("bf16", "bf16_us") and the speedup. FP8 TFLOP/s are counted as for bf16.
 """
 import argparse
 import json
@@ -225,6 +230,90 @@ def bench_decode(args):
     return rows
 
 
+# ---- FP8 -----------------------------------------------------------------------------------------
+
+E4M3_MAX = 448.0
+
+
+def quantized(x):
+    """x (b, s, heads, d) as float8_e4m3fn with one descale for the tensor (amax / 448), and
+    that descale as FlashAttention-3's (b, hk) float32 tensor."""
+    descale = (x.abs().amax().float() / E4M3_MAX).clamp(min=1e-12)
+    return (x.float() / descale).to(torch.float8_e4m3fn), descale.expand(x.shape[0], x.shape[2]).contiguous()
+
+
+def dequantized(x8, descale):
+    return x8.float() * descale[:, None, :, None].float()
+
+
+def bench_prefill_fp8(args):
+    rows = []
+    points = [(d, s, c) for d in args.head_dims for s in args.seqlens for c in args.causal]
+    for i, (d, s, causal) in enumerate(points):
+        progress(i, len(points), f"prefill-fp8 d={d} s={s} causal={causal}")
+        b, h = TOKENS // s, HIDDEN // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        (q8, qd), (k8, kd), (v8, vd) = quantized(q), quantized(k), quantized(v)
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        tflops = lambda ms: flops / (ms * 1e-3) / 1e12
+        fp8 = lambda: flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+        out = fp8()
+        err = (max_err(out, dequantized(q8, qd), dequantized(k8, kd), dequantized(v8, vd), causal)
+               if s <= 4096 else float("nan"))
+        ours = median_ms(fp8)
+        bf16 = median_ms(lambda: flashattn.flash_attn_func(q, k, v, causal=causal))
+        rows.append(dict(kind="prefill-fp8", d=d, h=h, b=b, s=s, causal=causal, ours=tflops(ours), ours_ms=ours,
+                         bf16=tflops(bf16), bf16_ms=bf16, speedup=bf16 / ours, max_err=err))
+        del q, k, v, q8, k8, v8, out
+    progress(len(points), len(points), "done")
+    print(file=sys.stderr)
+    return rows
+
+
+def bench_decode_fp8(args):
+    """Each point's fp8-cache and bf16-cache calls timed in turn (best_of_rounds), the table
+    measured --passes times over, as bench_decode."""
+    h, hk, d = DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM
+    points = decode_points(args)
+    best, errs = {}, {}
+    steps = args.passes * len(points)
+    for n in range(args.passes):
+        for i, (b, ctx, page) in enumerate(points):
+            progress(n * len(points) + i, steps, f"decode-fp8 pass {n + 1} b={b} ctx={ctx} page={page}")
+            q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            (k8, kd), (v8, vd) = quantized(k), quantized(v)
+            seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+            kw, kw8 = dict(cache_seqlens=seqlens), dict(cache_seqlens=seqlens, k_descale=kd, v_descale=vd)
+            kc, vc, kc8, vc8 = k, v, k8, v8
+            if page:
+                kc, vc, kw["block_table"] = paged_kv(k, v, page)
+                kc8, vc8, kw8["block_table"] = paged_kv(k8.view(torch.uint8), v8.view(torch.uint8), page)
+                kc8, vc8 = kc8.view(torch.float8_e4m3fn), vc8.view(torch.float8_e4m3fn)
+            fp8 = lambda: flashattn.flash_attn_with_kvcache(q, kc8, vc8, **kw8)
+            if n == 0 and b * ctx <= CHECK_MAX_TOKENS:
+                ref = F.scaled_dot_product_attention(q.transpose(1, 2).float(), dequantized(k8, kd).transpose(1, 2),
+                                                     dequantized(v8, vd).transpose(1, 2), enable_gqa=True)
+                errs[(b, ctx, page)] = (fp8().float() - ref.transpose(1, 2)).abs().max().item()
+            medians = best_of_rounds({"ours": lambda: median_ms(fp8),
+                                      "bf16": lambda: median_ms(lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, **kw))},
+                                     args.rounds)
+            prev = best.get((b, ctx, page), {})
+            best[(b, ctx, page)] = {name: nan_min(m, prev.get(name, math.nan)) for name, m in medians.items()}
+            del q, k, v, k8, v8, kc, vc, kc8, vc8
+            torch.cuda.empty_cache()
+    progress(steps, steps, "done")
+    print(file=sys.stderr)
+    rows = []
+    for b, ctx, page in points:
+        m = best[(b, ctx, page)]
+        nbytes = 2 * b * ctx * hk * d  # K and V, one byte each
+        rows.append(dict(kind="decode-fp8", b=b, context=ctx, page_size=page, ours_us=m["ours"] * 1e3,
+                         ours_TBps=nbytes / (m["ours"] * 1e-3) / 1e12, bf16_us=m["bf16"] * 1e3,
+                         speedup=m["bf16"] / m["ours"], max_err=errs.get((b, ctx, page), math.nan)))
+    return rows
+
+
 CHUNK_HEADS, CHUNK_KV_HEADS, CHUNK_HEAD_DIM = 32, 8, 128
 
 
@@ -275,7 +364,7 @@ def bench_chunked(args):
 def print_table(rows):
     if not rows:
         return
-    if rows[0]["kind"] == "chunked":
+    if rows[0]["kind"] in ("chunked", "prefill-fp8", "decode-fp8"):
         for r in rows:
             print("  ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
                             for key, value in r.items()))
@@ -323,9 +412,28 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def plot_fp8(rows, path):
+    """FP8 over bf16 (our calls) per point."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if rows[0]["kind"] == "prefill-fp8":
+        labels = [f"d{r['d']}/{r['s']}/{'c' if r['causal'] else 'n'}" for r in rows]
+    else:
+        labels = [f"b{r['b']}/{r['context'] // 1024}k/p{r['page_size']}" for r in rows]
+    ax.plot(labels, [r["speedup"] for r in rows], marker="o", label="fp8 / bf16 (ours)")
+    ax.axhline(1.0, color="gray", lw=0.5)
+    ax.set_ylabel("speedup over our bf16")
+    ax.tick_params(axis="x", rotation=90, labelsize=6)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["prefill", "decode", "chunked"])
+    ap.add_argument("kind", choices=["prefill", "decode", "chunked", "prefill-fp8", "decode-fp8"])
     ap.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256])
     ap.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")],
                     default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -349,15 +457,18 @@ def main():
     args = ap.parse_args()
     warm_up_gpu()
     warm_up_timing()
-    rows = {"prefill": bench_prefill, "decode": bench_decode, "chunked": bench_chunked}[args.kind](args)
+    rows = {"prefill": bench_prefill, "decode": bench_decode, "chunked": bench_chunked,
+            "prefill-fp8": bench_prefill_fp8, "decode-fp8": bench_decode_fp8}[args.kind](args)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 cudnn=torch.backends.cudnn.version(), rows=rows)
-    if args.kind == "decode":
+    if args.kind in ("decode", "decode-fp8"):
         meta.update(rounds=args.rounds, passes=args.passes)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(meta, f, indent=1)
-    if args.plot and args.kind != "chunked":
+    if args.plot and args.kind in ("prefill-fp8", "decode-fp8"):
+        plot_fp8(rows, args.plot)
+    elif args.plot and args.kind != "chunked":
         plot(rows, args.plot)
     print_table(rows)
 

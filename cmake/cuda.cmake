@@ -24,6 +24,8 @@ foreach(dt ${FLASHATTN_DTYPES})
       message(FATAL_ERROR "no kernel instance ${_f} (FLASHATTN_DTYPES / FLASHATTN_HEAD_DIMS)")
     endif()
     list(APPEND _instances "${_f}")
+    # FP8 storage over the same instance (e4m3 K/V, and for bf16 e4m3 Q): run_fwd_fp8.
+    list(APPEND _instances "${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/instances/fwd_${dt}_hdim${hd}_e4m3.cu")
     string(TOUPPER "${dt}" _DT)
     target_compile_definitions(flashattn PRIVATE FLASHATTN_HAS_${_DT}_HDIM${hd}=1)
   endforeach()

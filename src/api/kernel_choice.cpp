@@ -92,6 +92,10 @@ void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, i
 // not serve the call.
 bool choose_decode_kernel(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
                           KernelChoice& c) {
+  if (p.fp8) {  // the splitkeys kernel on its standard pipeline reads e4m3 (launch_template.h run_fwd_fp8)
+    c.kernel = Kernel::splitkeys;
+    return forced == Kernel::automatic || forced == Kernel::splitkeys;
+  }
   switch (forced) {
     case Kernel::automatic: {
       plan_deep_pipeline(p, d, w, requested, c);
@@ -162,12 +166,13 @@ WgmmaTile wgmma_tile_for(const Problem& p, int served_head_dim, WgmmaTile forced
 
 void choose_prefill(const Problem& p, const AttentionOptions& options, const DeviceFacts& d, const Work& w,
                     const KernelOverride& o, KernelChoice& c) {
-  const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma;  // D-1
+  // e4m3 runs on the mma kernel (launch_template.h run_fwd_fp8).
+  const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma && !p.fp8;  // D-1
   c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
   if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
   const bool warpspec_wanted =
       o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim));  // D-62
-  if (warpspec_wanted && serves_warpspec(p, d, w, c)) c.kernel = Kernel::warpspec;
+  if (warpspec_wanted && serves_warpspec(p, d, w, c) && !p.fp8) c.kernel = Kernel::warpspec;
   constexpr int64_t kMaxGridYZ = 65535;  // heavy first puts the query tiles in grid z
   bool heavy = false;
   switch (o.tile_order) {

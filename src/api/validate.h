@@ -28,6 +28,8 @@ struct Problem {
   // Dense CUDA call whose q, k and v TMA can describe (kernel_choice.h tma_describable), set
   // from the kernel's params just before planning.
   bool tma_describable = false;
+  // q or k/v stored as e4m3 (DType::e4m3): the kernels that read FP8 serve it (kernel_choice.cpp).
+  bool fp8 = false;
 };
 
 Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

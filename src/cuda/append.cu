@@ -10,9 +10,13 @@
 // rotary layout (so a chunk never straddles rotary_dim, and a GPT-NeoX chunk's partner chunk
 // starts kVec-aligned). Interleaved pairs lie inside a chunk; GPT-NeoX partners are one more
 // vector load. Rotation is computed in fp32 and rounded once to the storage type.
+// An e4m3 cache (AppendParams::cache_storage) receives each rounded element quantized:
+// e4m3_rn_satfinite(x / descale of (b, hk)), as common/half.h float_to_e4m3_bits on the host.
+#include <cuda_fp8.h>
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <string>
 
 #include "common/rules.h"
@@ -43,15 +47,12 @@ __device__ __forceinline__ void store_chunk(Element* dst, const Chunk<Element, k
   *reinterpret_cast<Chunk<Element, kVec>*>(dst) = c;
 }
 
-// Copies (rotary_dim == 0 or col >= rotary_dim) or rotates one chunk of a row at `position`.
+// One chunk of a row at `position`: copied (rotary_dim == 0 or col >= rotary_dim) or rotated.
 template <typename Element, int kVec>
-__device__ void rotate_chunk(const AppendParams& p, const Element* src_row, Element* dst_row,
-                             int col, int position, bool rotate) {
+__device__ Chunk<Element, kVec> rotated_chunk(const AppendParams& p, const Element* src_row, int col, int position,
+                                              bool rotate) {
   Chunk<Element, kVec> x = load_chunk<Element, kVec>(src_row + col);
-  if (!rotate || col >= p.rotary_dim) {
-    store_chunk<Element, kVec>(dst_row + col, x);
-    return;
-  }
+  if (!rotate || col >= p.rotary_dim) return x;
   const Element* cos_row = static_cast<const Element*>(p.rotary_cos) + int64_t(position) * p.rotary_row_stride;
   const Element* sin_row = static_cast<const Element*>(p.rotary_sin) + int64_t(position) * p.rotary_row_stride;
   Chunk<Element, kVec> partner;
@@ -72,7 +73,28 @@ __device__ void rotate_chunk(const AppendParams& p, const Element* src_row, Elem
     const float s = float(sin_row[pair.col]);
     y.v[e] = Element(float(x.v[e]) * c + pair.sign * other * s);
   }
-  store_chunk<Element, kVec>(dst_row + col, y);
+  return y;
+}
+
+template <typename Element, int kVec>
+__device__ void rotate_chunk(const AppendParams& p, const Element* src_row, Element* dst_row,
+                             int col, int position, bool rotate) {
+  store_chunk<Element, kVec>(dst_row + col, rotated_chunk<Element, kVec>(p, src_row, col, position, rotate));
+}
+
+// A chunk of new keys or values into the cache row at dst_row: as is, or quantized to e4m3.
+template <typename Element, typename CacheElement, int kVec>
+__device__ void store_cache_chunk(CacheElement* dst_row, int col, const Chunk<Element, kVec>& x, float descale) {
+  if constexpr (std::is_same_v<CacheElement, Element>) {
+    store_chunk<Element, kVec>(dst_row + col, x);
+  } else {
+    Chunk<uint8_t, kVec> q;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      q.v[e] = __nv_cvt_float_to_fp8(__fdiv_rn(float(x.v[e]), descale), __NV_SATFINITE, __NV_E4M3);
+    }
+    store_chunk<uint8_t, kVec>(dst_row + col, q);
+  }
 }
 
 // Element offset of cache row `pos` of batch b, KV head hk (leftpad 0; see params.h), or kNoRow
@@ -120,7 +142,7 @@ __device__ __forceinline__ bool has_rotary_row(const AppendParams& p, int b, int
   return false;
 }
 
-template <typename Element, int kVec>
+template <typename Element, typename CacheElement, int kVec>
 __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) {
   wait_for_previous_grid();  // launched as a programmatic dependent (launch_append)
   const int task = blockIdx.y;
@@ -161,13 +183,18 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
                            t * p.kn_row_stride + hk * p.kn_head_stride;
       const int64_t dst = cache_offset(p, b, position, p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride, hk);
       if (dst == kNoRow) continue;
-      rotate_chunk<Element, kVec>(p, src, static_cast<Element*>(p.k_cache) + dst, col, position, rotate);
+      store_cache_chunk<Element, CacheElement, kVec>(
+          static_cast<CacheElement*>(p.k_cache) + dst, col, rotated_chunk<Element, kVec>(p, src, col, position, rotate),
+          descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk));
     } else {
       const Element* src = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
                            t * p.vn_row_stride + hk * p.vn_head_stride;
       const int64_t dst = cache_offset(p, b, position, p.vc_batch_stride, p.vc_row_stride, p.vc_head_stride, hk);
       if (dst == kNoRow) continue;
-      rotate_chunk<Element, kVec>(p, src, static_cast<Element*>(p.v_cache) + dst, col, position, false);
+      store_cache_chunk<Element, CacheElement, kVec>(static_cast<CacheElement*>(p.v_cache) + dst, col,
+                                                     load_chunk<Element, kVec>(src + col),
+                                                     descale_at(p.v_descale, p.v_descale_batch_stride,
+                                                                p.v_descale_head_stride, b, hk));
     }
   }
 }
@@ -196,7 +223,7 @@ bool fits_vector(const AppendParams& p, int vec, int element_bytes) {
   return true;
 }
 
-template <typename Element, int kVec>
+template <typename Element, typename CacheElement, int kVec>
 void launch_append(const AppendParams& p, bool programmatic, cudaStream_t stream) {
   const int64_t chunks = p.head_dim / kVec;
   const int64_t kv_items = int64_t(p.batch) * p.seqlen_new * p.num_heads_k * chunks;
@@ -208,20 +235,27 @@ void launch_append(const AppendParams& p, bool programmatic, cudaStream_t stream
   const dim3 grid(static_cast<unsigned>(blocks), kTasks);
   // On sm_90 a programmatic dependent of the kernel before it (which may have written k_new,
   // v_new, q or the lengths): its blocks become resident as that grid drains and wait first.
-  const auto kernel = &append_kernel<Element, kVec>;
+  const auto kernel = &append_kernel<Element, CacheElement, kVec>;
   KernelLaunch launch(grid, kThreads, 0, stream);
   launch.as_programmatic_dependent(reinterpret_cast<const void*>(kernel), p.device_index, programmatic);
   check_cuda(cudaLaunchKernelEx(&launch.config, kernel, p), "cudaLaunchKernelEx(append_kernel)");
   check_launch("append_kernel");
 }
 
-template <typename Element>
+// The widest vector fits_vector allows (its Element alignment also aligns an e4m3 cache).
+template <typename Element, typename CacheElement>
 void dispatch_vector(const AppendParams& p, bool programmatic, cudaStream_t stream) {
   constexpr int kBytes = sizeof(Element);
-  if (fits_vector(p, 8, kBytes)) return launch_append<Element, 8>(p, programmatic, stream);  // 16-byte accesses
-  if (fits_vector(p, 4, kBytes)) return launch_append<Element, 4>(p, programmatic, stream);
-  if (fits_vector(p, 2, kBytes)) return launch_append<Element, 2>(p, programmatic, stream);
-  launch_append<Element, 1>(p, programmatic, stream);
+  if (fits_vector(p, 8, kBytes)) return launch_append<Element, CacheElement, 8>(p, programmatic, stream);  // 16-byte accesses
+  if (fits_vector(p, 4, kBytes)) return launch_append<Element, CacheElement, 4>(p, programmatic, stream);
+  if (fits_vector(p, 2, kBytes)) return launch_append<Element, CacheElement, 2>(p, programmatic, stream);
+  launch_append<Element, CacheElement, 1>(p, programmatic, stream);
+}
+
+template <typename Element>
+void dispatch_cache(const AppendParams& p, bool programmatic, cudaStream_t stream) {
+  if (p.cache_storage == DType::e4m3) return dispatch_vector<Element, uint8_t>(p, programmatic, stream);
+  dispatch_vector<Element, Element>(p, programmatic, stream);
 }
 
 }  // namespace
@@ -229,8 +263,8 @@ void dispatch_vector(const AppendParams& p, bool programmatic, cudaStream_t stre
 void run_append_kernel(const AppendParams& params, bool programmatic, cudaStream_t stream) {
   if (params.seqlen_new == 0 && params.rotary_dim == 0) return;
   switch (params.dtype) {
-    case DType::bf16: dispatch_vector<cutlass::bfloat16_t>(params, programmatic, stream); break;
-    case DType::f16: dispatch_vector<cutlass::half_t>(params, programmatic, stream); break;
+    case DType::bf16: dispatch_cache<cutlass::bfloat16_t>(params, programmatic, stream); break;
+    case DType::f16: dispatch_cache<cutlass::half_t>(params, programmatic, stream); break;
     default:
       throw Error(Error::Kind::unsupported, "CUDA append: cache dtype must be fp16 or bf16");
   }

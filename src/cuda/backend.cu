@@ -3,6 +3,7 @@
 #include <cutlass/numeric_types.h>
 
 #include <map>
+#include <type_traits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,7 +82,14 @@ template <typename Element, int D, int... Rest>
 bool run_for_head_dim(const AttnParams& params, const KernelChoice& choice, cudaStream_t stream) {
   if constexpr (kCompiled<Element, D>) {
     if (params.head_dim <= D) {
-      run_fwd<Element, D>(params, choice, stream);
+      if (params.kv_storage != DType::e4m3) {
+        run_fwd<Element, D>(params, choice, stream);
+      } else if (params.q_storage == DType::e4m3) {
+        // api/validate.cpp: an e4m3 q computes (and writes out) in bf16
+        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) run_fwd_fp8<Element, D, true>(params, choice, stream);
+      } else {
+        run_fwd_fp8<Element, D, false>(params, choice, stream);
+      }
       return true;
     }
   }

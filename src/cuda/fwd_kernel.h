@@ -75,9 +75,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   if (tile_hi > tile_lo && reads_page_table<Traits>(p)) compute_kv_offsets<Traits>(p, c, tile_hi - 1, kv_off(tile_hi - 1), tid);
   __syncthreads();
   const CtaInfo& cs = *c_smem;
+  // FP8 storage (Traits::kKvFp8): the e4m3 mirrors of Q, K and V (kernel_traits.h Fp8Storage).
+  uint8_t* const q_fp8 = q_mirror<Traits>(smem);
+  uint8_t* k_fp8 = nullptr;
+  uint8_t* v_fp8 = nullptr;
+  if constexpr (Traits::kKvFp8) k_fp8 = Traits::kv_mirror(smem, 0), v_fp8 = Traits::kv_mirror(smem, 1);
   if (tile_hi > tile_lo) {
-    load_q<Traits>(p, q_off, sQ, tid);
-    load_kv<Traits, false>(p, c, kv_off(tile_hi - 1), tile_hi - 1, sK, tid);
+    load_q<Traits>(p, q_off, sQ, tid, q_fp8);
+    load_kv<Traits, false>(p, c, kv_off(tile_hi - 1), tile_hi - 1, sK, tid, k_fp8);
     cp_async_commit();
   }
 
@@ -107,7 +112,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   Tensor tScS_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));  // (rows, cols)
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  const ScoreScale sc(p);
+  const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
 
   // Per row only the softmax state lives in registers (they are the scarce resource at d = 128);
   // the query index, visible range and ALiBi slope are re-derived on the tiles that need them.
@@ -119,8 +124,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
     cp_async_wait<0>();
+    if constexpr (Traits::kKvFp8) {
+      convert_tile<Traits, kBlockN>(sK, k_fp8, tid);
+      if (Traits::kQFp8 && n == tile_hi - 1) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);
+    }
     __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-    load_kv<Traits, true>(p, cs, kv_off(n), n, sV, tid);
+    load_kv<Traits, true>(p, cs, kv_off(n), n, sV, tid, v_fp8);
     cp_async_commit();
     // Offsets of tile n-1 into the other table (its last reader, V[n+1], was issued before the
     // barrier above); they are read after the next barrier.
@@ -136,6 +145,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     apply_score_rules(p, cs, sc, s, tScS_rc, j0, need_mask);
 
     cp_async_wait<0>();
+    if constexpr (Traits::kKvFp8) convert_tile<Traits, kBlockN>(sV, v_fp8, tid);
     __syncthreads();  // V[n] landed; every warp is done with K[n]
 
     // online softmax: new running max, rescale O and the sum, P = exp2(...)
@@ -147,7 +157,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     // K[n-1] is issued here rather than right after the barrier: the fp32 scores are dead by now,
     // so the address work does not compete with them for registers (measured: fewer spills).
     if (n > tile_lo) {
-      load_kv<Traits, false>(p, cs, kv_off(n - 1), n - 1, sK, tid);
+      load_kv<Traits, false>(p, cs, kv_off(n - 1), n - 1, sK, tid, k_fp8);
       cp_async_commit();
     }
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));  // ((2,2,2), MMA_M, kBlockN/16)
@@ -163,7 +173,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     // A row with no visible key (or an empty split) writes 0 and LSE -inf.
-    const SoftmaxResult row = quad_row_state(rows[i]).finish(sc.raw_scale);
+    const SoftmaxResult row = sc.finish(quad_row_state(rows[i]));
     row_lse[i] = row.lse;
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); ++d) o_rc(i, d) *= row.out_scale;

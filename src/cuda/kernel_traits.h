@@ -3,6 +3,9 @@
 // the tiled MMA and the shared-memory copy atoms. Everything else is a run-time parameter.
 #pragma once
 
+#include <cstdint>
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
@@ -129,6 +132,10 @@ struct TileTraitsBase {
   static constexpr KvLayouts kKvLayouts = KvLayouts::either;
   // Whether the K/V copies ask the L2 to evict their lines first (DecodeTraits).
   static constexpr bool kKvEvictFirst = false;
+  // How Q and K/V are stored in global memory: as Element here; FP8 e4m3 in Fp8Storage.
+  using QStorage = Element;
+  using KvStorage = Element;
+  static constexpr bool kQFp8 = false, kKvFp8 = false;
 };
 
 template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
@@ -366,6 +373,35 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
   // WarpSpecSmem, whose size is checked against this).
   static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + kBlockM * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
+};
+
+// ---- FP8 storage (docs/DECISIONS.md D-64) ---------------------------------------------------
+//
+// The kernel of Base reading K/V (and, kQFp8, Q) stored as e4m3 bytes. The tiles stay Element
+// tiles in the base's layouts, so the MMAs, the softmax and the epilogue are the base's: each
+// 16-byte Element chunk of a tile has an 8-byte e4m3 twin in a mirror buffer after the base's
+// shared memory (byte e of the mirror <-> element e of the tile, swizzle included), which an
+// 8-byte cp.async fills; after its copies land, each thread widens its own chunks into the tile
+// (tile_loads.h convert_tile), exactly (every e4m3 value is a bf16 and an fp16 value). The
+// descales join the softmax scale and the output factor (score_rules.h ScoreScale).
+// kKvTiles: the kernel's K and V tile buffers (2 x its stages).
+template <class Base, bool kQFp8_, int kKvTiles>
+struct Fp8Storage : Base {
+  using QStorage = std::conditional_t<kQFp8_, uint8_t, typename Base::Element>;
+  using KvStorage = uint8_t;
+  static constexpr bool kQFp8 = kQFp8_, kKvFp8 = true;
+  static constexpr int kMirrorOffset = (Base::kSmemBytes + 127) / 128 * 128;
+  static constexpr int kQMirrorBytes = kQFp8 ? Base::kSmemQBytes / 2 : 0;
+  static constexpr int kKvMirrorBytes = Base::kSmemKVBytes / 2;
+  static constexpr int kSmemBytes = kMirrorOffset + kQMirrorBytes + kKvTiles * kKvMirrorBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 per-block shared memory limit");
+  // The mirrors in the kernel's shared memory: Q's, then K/V tile i's.
+  __device__ __forceinline__ static uint8_t* q_mirror(char* smem) {
+    return reinterpret_cast<uint8_t*>(smem + kMirrorOffset);
+  }
+  __device__ __forceinline__ static uint8_t* kv_mirror(char* smem, int tile) {
+    return reinterpret_cast<uint8_t*>(smem + kMirrorOffset + kQMirrorBytes + tile * kKvMirrorBytes);
+  }
 };
 
 // ---- shared memory of the decode kernels that size it beyond their traits -------------------

@@ -17,6 +17,9 @@ namespace cuda {
 // num_splits == 1: writes o (and lse); num_splits > 1: the splits' partials, then merges them.
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, const KernelChoice& choice, cudaStream_t stream);
+// The same instance reading e4m3 K/V (and, kQFp8, e4m3 Q): launch_template.h.
+template <typename Element, int kHeadDim, bool kQFp8>
+void run_fwd_fp8(const AttnParams& params, const KernelChoice& choice, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 DecodeSlots decode_slots(int device_index, bool paged);
 

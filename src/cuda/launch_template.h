@@ -264,6 +264,35 @@ void launch_splitheads(const AttnParams& p, const KernelChoice& choice, cudaStre
 
 // ---- the instance's entry points (api/backend.h through backend.cu) -----------------------------
 
+// FP8 storage (kernel_traits.h Fp8Storage, D-64): e4m3 K/V, and with kQFp8 e4m3 Q, on the
+// mma prefill kernel and the splitkeys decode kernel (standard pipeline), which serve every
+// call (api/kernel_choice.cpp takes no other kernel for e4m3).
+template <typename Element, int kHeadDim, bool kQFp8>
+void run_fwd_fp8(const AttnParams& p, const KernelChoice& choice, cudaStream_t stream) {
+  using I = Instance<Element, kHeadDim>;
+  if (choice.kernel == Kernel::mma) {
+    if (query_tile_rows(p) == kQueryTileRowsShort) {
+      using T = Fp8Storage<typename I::MmaShort, kQFp8, 2>;
+      return launch_tile_grid<T>(p, choice, stream, &fwd::fwd_kernel<T>, "flashattn fwd_kernel (64 rows, e4m3)");
+    }
+    using T = Fp8Storage<typename I::Mma, kQFp8, 2>;
+    return launch_tile_grid<T>(p, choice, stream, &fwd::fwd_kernel<T>, "flashattn fwd_kernel (e4m3)");
+  }
+  if (choice.kernel == Kernel::splitkeys && !choice.deep_pipeline) {
+    auto launch = [&](auto layout, const char* name) {
+      using Decode = typename I::template Decode<WarpSplit::keys, DecodePipeline::standard, decltype(layout)::value>;
+      using T = Fp8Storage<Decode, kQFp8, 2 * Decode::kStages>;
+      launch_tile_grid<T>(p, choice, stream, &fwd::splitkeys_kernel<T>, name);
+    };
+    if (p.block_table != nullptr) {
+      return launch(std::integral_constant<KvLayouts, KvLayouts::paged>{}, "flashattn splitkeys_kernel (paged, e4m3)");
+    }
+    return launch(std::integral_constant<KvLayouts, KvLayouts::contiguous>{}, "flashattn splitkeys_kernel (e4m3)");
+  }
+  throw Error(Error::Kind::runtime, std::string("flashattn: kernel ") + kernel_name(choice.kernel) +
+                                        " does not read e4m3 (kernel_choice.cpp chose it)");
+}
+
 template <typename Element, int kHeadDim>
 void run_fwd(const AttnParams& params, const KernelChoice& choice, cudaStream_t stream) {
   switch (choice.kernel) {

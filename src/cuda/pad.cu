@@ -1,9 +1,10 @@
-// Staging copies for the API layer (src/api/staging.h): a strided 4-D copy of 16-bit elements
+// Staging copies for the API layer (src/api/staging.h): a strided 4-D copy of 16-bit (fp16,
+// bf16) or 8-bit (e4m3) elements
 // whose last dimension may grow (zero-filled) or shrink, and stream-ordered device memory for
 // the staged tensors. The attention kernels never see this: they read the staged copies.
 //
 // One warp copies one row (the last dimension) at a time, its lanes over the columns, so each
-// warp's loads and stores are consecutive 2-byte elements; the rows are shared out grid-stride.
+// warp's loads and stores are consecutive elements; the rows are shared out grid-stride.
 #include <cstdint>
 #include <string>
 
@@ -20,24 +21,24 @@ constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int64_t kMaxBlocks = 65535 * 8;  // grid-stride beyond this
 
-using Element16 = uint16_t;  // fp16 and bf16 alike: the copy moves bits
-
+// The copy moves bits: uint16_t for fp16 and bf16, uint8_t for e4m3.
+template <typename Bits>
 __global__ void __launch_bounds__(kThreads) copy_padded_kernel(const PaddedCopy c) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
   const int64_t rows = c.shape[0] * c.shape[1] * c.shape[2];
   const int copied = c.src_cols < c.dst_cols ? c.src_cols : c.dst_cols;
-  const Element16* src = static_cast<const Element16*>(c.src);
-  Element16* dst = static_cast<Element16*>(c.dst);
+  const Bits* src = static_cast<const Bits*>(c.src);
+  Bits* dst = static_cast<Bits*>(c.dst);
   for (int64_t row = warp; row < rows; row += warps) {
     const int64_t i2 = row % c.shape[2];
     const int64_t i1 = (row / c.shape[2]) % c.shape[1];
     const int64_t i0 = row / (c.shape[2] * c.shape[1]);
-    const Element16* src_row = src + i0 * c.src_stride[0] + i1 * c.src_stride[1] + i2 * c.src_stride[2];
-    Element16* dst_row = dst + i0 * c.dst_stride[0] + i1 * c.dst_stride[1] + i2 * c.dst_stride[2];
+    const Bits* src_row = src + i0 * c.src_stride[0] + i1 * c.src_stride[1] + i2 * c.src_stride[2];
+    Bits* dst_row = dst + i0 * c.dst_stride[0] + i1 * c.dst_stride[1] + i2 * c.dst_stride[2];
     for (int col = lane; col < c.dst_cols; col += kWarpSize) {
-      dst_row[col] = col < copied ? src_row[col] : Element16(0);
+      dst_row[col] = col < copied ? src_row[col] : Bits(0);
     }
   }
 }
@@ -63,14 +64,15 @@ class CurrentDevice {
 void copy_padded(const PaddedCopy& c, void* stream_handle) {
   const int64_t rows = c.shape[0] * c.shape[1] * c.shape[2];
   if (rows == 0 || c.dst_cols == 0) return;
-  if (c.element_bytes != int(sizeof(Element16))) {
-    throw Error(Error::Kind::unsupported, "copy_padded: only 16-bit elements are staged on cuda (got " +
+  if (c.element_bytes != 2 && c.element_bytes != 1) {
+    throw Error(Error::Kind::unsupported, "copy_padded: only 16-bit and 8-bit elements are staged on cuda (got " +
                                               std::to_string(c.element_bytes) + " bytes)");
   }
   CurrentDevice current(c.device_index);
   int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  copy_padded_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream_handle)>>>(c);
+  const auto kernel = c.element_bytes == 2 ? &copy_padded_kernel<uint16_t> : &copy_padded_kernel<uint8_t>;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream_handle)>>>(c);
   check_launch("copy_padded_kernel");
 }
 

@@ -195,7 +195,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // ---- this warp's MMA partitions and softmax state (slot 0's Q buffer; slot s is s buffers on)
   auto math = make_warp_tile_math<Traits>(kv, q_buffer(0), warp, lane);
-  const ScoreScale sc(p);
+  // One scale for every unit: no FP8 descales per (batch, KV head) here (kernel_choice.cpp
+  // takes the splitkeys kernel for e4m3); built per unit it spilled more (+8 bytes at d = 128).
+  static_assert(!Traits::kKvFp8, "the persistent grid reads 16-bit K/V");
+  const ScoreScale sc(p, /*b=*/0, /*hk=*/0, /*fp8=*/false);
 
   // ---- the consumer: the unit being computed (unit_smem[slot]) and the stage of its item
   int n = 0, items_left = 0, slot = kStages - 1, stage = 0, items_done = 0;

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   auto math = make_warp_tile_math<Traits>(kv, q_buffer(0), warp, lane);
   math.start();
-  const ScoreScale sc(p);
+  const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
 
   // ---- mainloop over the steps, last first
   for (int n = steps.hi - 1; n >= steps.lo; --n) {

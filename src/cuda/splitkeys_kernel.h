@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (16, d)
   int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
   int64_t* o_off = q_off + kBlockM;
-  const KvStages<Traits> kv{smem_k, smem_v, nullptr};  // paged K/V read directly (PagedRows)
+  const KvStages<Traits> kv{smem_k, smem_v, nullptr, smem};  // paged K/V read directly (PagedRows)
   float* merge_max = reinterpret_cast<float*>(o_off + kBlockM);  // [kNWarps][16]
   float* merge_sum = merge_max + kNWarps * kBlockM;  // [kNWarps][16]
   // KvStages::issue, not wgmma_kernel.h's ContiguousKvCopies: measured no faster here
@@ -82,13 +82,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // Q's copies join the first tile's commit group either way, so Q goes first.
   const bool any_tile = tiles.hi > tiles.lo;
   const StridedRows q_rows = q_tile_rows(p, c);
-  const Element* q_base = static_cast<const Element*>(p.q);
+  const auto* q_base = static_cast<const typename Traits::QStorage*>(p.q);
+  uint8_t* const q_fp8 = q_mirror<Traits>(smem);
   auto issue_q = [&] {
     if (any_tile && q_rows.strided) {
       load_strided_rows<Traits, kBlockM>(sQ, q_base, q_base + q_rows.first, q_rows.stride, q_rows.rows,
-                                         p.head_dim, tid);
+                                         p.head_dim, tid, q_fp8);
     } else if (any_tile) {
-      load_q<Traits>(p, q_off, sQ, tid);
+      load_q<Traits>(p, q_off, sQ, tid, q_fp8);
     }
   };
   auto issue_first_tiles = [&] {
@@ -110,13 +111,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr bool kSplitDims = Traits::kWarpsSplitDims;
   auto math = make_warp_tile_math<Traits>(kv, sQ, warp, lane);
   math.start();
-  const ScoreScale sc(p);
+  const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
 
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
     // Paged: the pages of the tile issued below, read under this tile's wait.
     const PagedRows<Traits> rows_ahead = kv.lookup(p, c, tiles, n - (kStages - 1), tid);
     cp_async_wait<kStages - 2>();
+    kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n
+    if constexpr (Traits::kQFp8) {
+      if (n == tiles.hi - 1) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with the first tile
+    }
     __syncthreads();  // tile n landed; every warp is done with tile n+1's stage
     issue_tile(n - (kStages - 1), rows_ahead);  // into tile n+1's stage
     if (n == tiles.hi - 1) math.load_q(0);  // Q landed with the first tile: keep it in registers

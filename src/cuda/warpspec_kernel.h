@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tScS_rc = make_tensor(tScS.data(), gmma_acc_to_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  const ScoreScale sc(p);
+  const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
   SoftmaxRowState rows[kRows];
   start_softmax_rows(rows);
   float correction[kRows];

@@ -41,6 +41,20 @@ template <L2Hint kHint = L2Hint::none>
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
   cp_async_16_to<kHint>(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, valid);
 }
+// 8-byte global->shared async copy (FP8 tiles: 8 elements, tile_loads.h copy_chunk); src_bytes 0
+// zero-fills. cp.async.cg moves 16 bytes only, so this one goes through the L1 (.ca).
+template <L2Hint kHint = L2Hint::none>
+__device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = valid ? 8 : 0;
+  if constexpr (kHint == L2Hint::evict_first) {
+    constexpr uint64_t kPolicy = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2, %3;\n" ::"r"(dst),
+                 "l"(gmem_src), "r"(src_bytes), "l"(kPolicy));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
+  }
+}
 // 4-byte global->shared async copy (one int: persistent_decode_kernel.h stages lengths so).
 __device__ __forceinline__ void cp_async_4(int* smem_dst, const int* gmem_src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(

@@ -69,7 +69,7 @@ __device__ __forceinline__ void stage_wgmma_o(const AttnParams& p, const CtaInfo
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const SoftmaxRowState row = quad_row_state(rows[i]);
-    const SoftmaxResult result = row.finish(sc.raw_scale);  // no visible key: O = 0, LSE = -inf
+    const SoftmaxResult result = sc.finish(row);  // no visible key: O = 0, LSE = -inf
     const int r = get<0>(tOcO_rc(i, 0));
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
@@ -115,7 +115,7 @@ __device__ __forceinline__ void for_each_warp_row(const CtaInfo& c, const AccO& 
     const SoftmaxRowState row = quad_row_state(rows[i]);
     const int r = get<0>(tOcO_rc(i, 0));
     if (c.m0 + r >= c.rows) continue;
-    const SoftmaxResult result = row.finish(sc.raw_scale);
+    const SoftmaxResult result = sc.finish(row);
     const float inv = result.out_scale;
     const float lse = result.lse;
     auto for_each_pair = [&](auto store) {
@@ -226,7 +226,7 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const int r = get<0>(tOcO_rc(i, 0));
-    const float factor = rows[i].weight_in(merged_row(r), sc.scale_log2);
+    const float factor = rows[i].weight_in(merged_row(r), sc.scale_log2) * sc.out_descale;
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
       const int col = get<1>(tOcO_rc(i, d));
@@ -272,7 +272,7 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
   // LSE of each row (the merged max in raw units times raw_scale, plus log L).
   if (tid < kBlockM && c.m0 + tid < c.rows) {
     const int r = tid;
-    const float lse = merged_row(r).finish(sc.raw_scale).lse;
+    const float lse = sc.finish(merged_row(r)).lse;
     const PackedRow pr = tile_row_query(p, c, c.m0 + r);
     if (p.cluster_combine) {
       part.lse[r] = lse;

@@ -27,6 +27,28 @@ struct KvStages {
   Element* k;              // [kStages] K tiles
   Element* v;              // [kStages] V tiles
   KvRowOffsets* tables;    // [kStages][kBlockN] (paged K/V through issue(n) only)
+  // FP8 K/V (Traits::kKvFp8): the tiles' e4m3 mirrors, K stage s and V stage s at
+  // Traits::kv_mirror(smem, s) and (smem, kStages + s); null otherwise.
+  char* fp8_smem = nullptr;
+
+  __device__ __forceinline__ uint8_t* k_mirror(int stage) const {
+    if constexpr (Traits::kKvFp8) return Traits::kv_mirror(fp8_smem, stage);
+    return nullptr;
+  }
+  __device__ __forceinline__ uint8_t* v_mirror(int stage) const {
+    if constexpr (Traits::kKvFp8) return Traits::kv_mirror(fp8_smem, Traits::kStages + stage);
+    return nullptr;
+  }
+  // FP8: this thread's chunks of tile n, widened once its copies landed (convert_tile).
+  __device__ __forceinline__ void widen(int n, int tid) const {
+    if constexpr (Traits::kKvFp8) {
+      const int stage = int(unsigned(n) % Traits::kStages);
+      auto k_stage = k_tile(stage);
+      auto v_stage = v_tile(stage);
+      convert_tile<Traits, Traits::kBlockN>(k_stage, k_mirror(stage), tid);
+      convert_tile<Traits, Traits::kBlockN>(v_stage, v_mirror(stage), tid);
+    }
+  }
 
   __device__ __forceinline__ auto k_tile(int stage) const {
     return make_tensor(make_smem_ptr(k + stage * kElems), typename Traits::SmemLayoutKV{});
@@ -46,10 +68,11 @@ struct KvStages {
   __device__ __forceinline__ void issue(const AttnParams& p, const CtaInfo& c,
                                         const CtaKeyTiles& tiles, int n, int tid) const {
     if (n >= tiles.lo) {
-      auto k_stage = k_tile(unsigned(n) % Traits::kStages);
-      auto v_stage = v_tile(unsigned(n) % Traits::kStages);
-      load_kv<Traits, false>(p, c, table(n), n, k_stage, tid);
-      load_kv<Traits, true>(p, c, table(n), n, v_stage, tid);
+      const int stage = int(unsigned(n) % Traits::kStages);
+      auto k_stage = k_tile(stage);
+      auto v_stage = v_tile(stage);
+      load_kv<Traits, false>(p, c, table(n), n, k_stage, tid, k_mirror(stage));
+      load_kv<Traits, true>(p, c, table(n), n, v_stage, tid, v_mirror(stage));
     }
     cp_async_commit();
   }
@@ -68,10 +91,11 @@ struct KvStages {
   __device__ __forceinline__ void issue(const AttnParams& p, const CtaInfo& c, const CtaKeyTiles& tiles,
                                         int n, int tid, const PagedRows<Traits>& rows) const {
     if (n >= tiles.lo && reads_page_table<Traits>(p)) {
-      auto k_stage = k_tile(unsigned(n) % Traits::kStages);
-      auto v_stage = v_tile(unsigned(n) % Traits::kStages);
-      load_paged_rows<Traits, false>(p, c, rows, k_stage, tid);
-      load_paged_rows<Traits, true>(p, c, rows, v_stage, tid);
+      const int stage = int(unsigned(n) % Traits::kStages);
+      auto k_stage = k_tile(stage);
+      auto v_stage = v_tile(stage);
+      load_paged_rows<Traits, false>(p, c, rows, k_stage, tid, k_mirror(stage));
+      load_paged_rows<Traits, true>(p, c, rows, v_stage, tid, v_mirror(stage));
       cp_async_commit();
     } else {
       issue(p, c, tiles, n, tid);

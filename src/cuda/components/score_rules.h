@@ -6,6 +6,7 @@
 
 #include "common/params.h"
 #include "common/rules.h"
+#include "common/softmax_state.h"
 #include "cuda/components/cta_geometry.h"
 
 namespace flashattn {
@@ -17,14 +18,28 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 
 // Scores are kept "raw": x = q·k (or tanh(q·k·scale/softcap) with softcap) so that the
 // logit is x * raw_scale and exp(logit - max) = exp2(x * scale_log2 - max * scale_log2).
+// FP8 (rules.h qk_descale, v_descale): q·k of the stored values times the unit's q and k
+// descales is the real q·k, so the product joins the softmax scale; the v descale joins each
+// row's output factor (finish). fp8 is the kernel's Traits::kKvFp8 (a constant: kernels of
+// 16-bit inputs fold the factors away, rather than read them and hold them in registers —
+// +88 bytes of spills in the splitkeys kernel at d = 128 when they did).
 struct ScoreScale {
   bool has_softcap;
-  float raw_scale, scale_log2, softcap_in_scale;
-  __device__ __forceinline__ explicit ScoreScale(const AttnParams& p)
-      : has_softcap(p.softcap > 0.0f),
-        raw_scale(has_softcap ? p.softcap : p.softmax_scale),
-        scale_log2(raw_scale * kLog2e),
-        softcap_in_scale(has_softcap ? p.softmax_scale / p.softcap : 0.0f) {}
+  float raw_scale, scale_log2, softcap_in_scale, out_descale;
+  __device__ __forceinline__ ScoreScale(const AttnParams& p, int b, int hk, bool fp8) {
+    const float scale = fp8 ? p.softmax_scale * qk_descale(p, b, hk) : p.softmax_scale;
+    has_softcap = p.softcap > 0.0f;
+    raw_scale = has_softcap ? p.softcap : scale;
+    scale_log2 = raw_scale * kLog2e;
+    softcap_in_scale = has_softcap ? scale / p.softcap : 0.0f;
+    out_descale = fp8 ? v_descale(p, b, hk) : 1.0f;
+  }
+  // A finished row: its output factor (with the v descale) and LSE.
+  __device__ __forceinline__ SoftmaxResult finish(const SoftmaxRowState& row) const {
+    SoftmaxResult result = row.finish(raw_scale);
+    result.out_scale *= out_descale;
+    return result;
+  }
 };
 
 // Softcap, ALiBi and the mask on one block of scores s (rows, cols), in place. coord(i, jj)

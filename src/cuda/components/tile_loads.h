@@ -5,6 +5,9 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cute/tensor.hpp>
 
 #include "common/params.h"
@@ -111,6 +114,20 @@ __device__ __forceinline__ void prefetch_page_table_row(const AttnParams& p, int
 }
 
 // ---- loads, one (row, 16-byte chunk) pair per cp.async --------------------------------------
+//
+// A source of the tile's Element type fills the chunk itself (16 bytes); an FP8 source
+// (kernel_traits.h Fp8Storage) fills the chunk's 8-byte twin in the tile's mirror, widened into
+// the chunk once it landed (convert_tile).
+template <L2Hint kHint, class Element, class Src>
+__device__ __forceinline__ void copy_chunk(Element* chunk, const Element* tile, uint8_t* mirror, const Src* src,
+                                           bool valid) {
+  if constexpr (std::is_same_v<Src, Element>) {
+    cp_async_16<kHint>(chunk, src, valid);
+  } else {
+    static_assert(sizeof(Src) == 1, "FP8 sources");
+    cp_async_8<kHint>(mirror + (chunk - tile), src, valid);
+  }
+}
 
 // This thread's share of a (kRows x kHeadDim) tile copy: its 16-byte smem chunks and their
 // (row, column) coordinates, both (CPY, CPY_M, CPY_K).
@@ -125,11 +142,12 @@ __device__ __forceinline__ auto copy_partition(SmemTensor& sX, int tid) {
 // Fills the smem tile sX (kRows x kHeadDim) from base + row_off(r) + column; zero-fills rows
 // whose offset is kNoRow and columns >= head_dim. The smem side is partitioned by CuTe (static
 // per-thread offsets into the swizzled layout); the global side is one offset per row.
-template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor, class RowOff>
-__device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits::Element* base,
-                                          int head_dim, int tid, RowOff row_off) {
+template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor, class Src, class RowOff>
+__device__ __forceinline__ void load_tile(SmemTensor& sX, const Src* base, uint8_t* mirror, int head_dim, int tid,
+                                          RowOff row_off) {
   if (tid >= Traits::kGmemThreads) return;
   auto part = copy_partition<Traits, kRows>(sX, tid);
+  const typename Traits::Element* tile = &sX(0);
   auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
   const auto& tXcX = get<1>(part);  // (CPY, CPY_M, CPY_K) -> (row, col)
   CUTE_UNROLL
@@ -139,7 +157,7 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int col = get<1>(tXcX(0, m, k));
       const bool valid = off != kNoRow && col < head_dim;
-      cp_async_16<kHint>(&tXsX(0, m, k), valid ? base + off + col : base, valid);
+      copy_chunk<kHint>(&tXsX(0, m, k), tile, mirror, valid ? base + off + col : base, valid);
     }
   }
 }
@@ -149,18 +167,18 @@ __device__ __forceinline__ void load_tile(SmemTensor& sX, const typename Traits:
 // address once and steps it by constant multiples of the stride, so that a 16-byte copy costs a
 // predicate, an address add and the copy (the per-row offsets of load_tile cost ~15 integer
 // instructions per copy, a third of a one-tile decode CTA's instructions: docs/DECISIONS.md D-11).
-template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor>
-__device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename Traits::Element* base,
-                                                  const typename Traits::Element* first_row,
+template <class Traits, int kRows, L2Hint kHint = L2Hint::none, class SmemTensor, class Src>
+__device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const Src* base, const Src* first_row,
                                                   int64_t row_stride, int rows_valid, int head_dim,
-                                                  int tid) {
+                                                  int tid, uint8_t* mirror = nullptr) {
   if (tid >= Traits::kGmemThreads) return;
   auto part = copy_partition<Traits, kRows>(sX, tid);
+  const typename Traits::Element* tile = &sX(0);
   auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
   const auto& tXcX = get<1>(part);  // (CPY, CPY_M, CPY_K) -> (row, col)
   const int row = get<0>(tXcX(0, 0, 0));
   const int col = get<1>(tXcX(0, 0, 0));
-  const typename Traits::Element* src = first_row + row * row_stride + col;
+  const Src* src = first_row + row * row_stride + col;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tXsX); ++m) {
     const int drow = get<0>(tXcX(0, m, 0)) - row;  // a constant of the partition
@@ -169,7 +187,7 @@ __device__ __forceinline__ void load_strided_rows(SmemTensor& sX, const typename
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int dcol = get<1>(tXcX(0, m, k)) - col;  // a constant of the partition
       const bool valid = row_ok && col + dcol < head_dim;
-      cp_async_16<kHint>(&tXsX(0, m, k), valid ? src + drow * row_stride + dcol : base, valid);
+      copy_chunk<kHint>(&tXsX(0, m, k), tile, mirror, valid ? src + drow * row_stride + dcol : base, valid);
     }
   }
 }
@@ -193,9 +211,57 @@ __device__ __forceinline__ StridedRows q_tile_rows(const AttnParams& p, const Ct
 
 template <class Traits, class SmemTensor>
 __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off, SmemTensor& sQ,
-                                       int tid) {
-  load_tile<Traits, Traits::kBlockM>(sQ, static_cast<const typename Traits::Element*>(p.q),
+                                       int tid, uint8_t* mirror = nullptr) {
+  load_tile<Traits, Traits::kBlockM>(sQ, static_cast<const typename Traits::QStorage*>(p.q), mirror,
                                      p.head_dim, tid, [&](int r) { return q_off[r]; });
+}
+
+// FP8 (Traits::kQFp8 / kKvFp8): this thread's chunks of a kRows-row tile whose copies (through
+// the loads above, into mirror) it waited for, widened from e4m3 into the Element tile sX. The
+// chunks are the ones the same thread copied, so no barrier separates its copies' landing
+// from this; the barrier after it publishes the tile.
+template <class Element>
+__device__ __forceinline__ uint4 widen_e4m3x8(uint2 bytes) {
+  const uint32_t words[2] = {bytes.x, bytes.y};
+  uint32_t out[4];
+  CUTE_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t(words[i / 2] >> (16 * (i % 2)));
+    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+    if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+      out[i] = reinterpret_cast<const uint32_t&>(h);
+    } else {
+      static_assert(std::is_same_v<Element, cutlass::bfloat16_t>, "bf16 or fp16 tiles");
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));  // exact: e4m3 values are bf16 values
+      out[i] = reinterpret_cast<const uint32_t&>(b);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Q's e4m3 mirror (Traits::kQFp8), else null.
+template <class Traits>
+__device__ __forceinline__ uint8_t* q_mirror(char* smem) {
+  if constexpr (Traits::kQFp8) return Traits::q_mirror(smem);
+  return nullptr;
+}
+
+template <class Traits, int kRows, class SmemTensor>
+__device__ __forceinline__ void convert_tile(SmemTensor& sX, const uint8_t* mirror, int tid) {
+  using Element = typename Traits::Element;
+  if (tid >= Traits::kGmemThreads) return;
+  auto part = copy_partition<Traits, kRows>(sX, tid);
+  auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
+  const Element* tile = &sX(0);
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tXsX); ++m) {
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tXsX); ++k) {
+      Element* chunk = &tXsX(0, m, k);
+      const uint2 bytes = *reinterpret_cast<const uint2*>(mirror + (chunk - tile));
+      *reinterpret_cast<uint4*>(chunk) = widen_e4m3x8<Element>(bytes);
+    }
+  }
 }
 
 // K (kIsV false) or V tile n, evict-first in the kernels that ask for it (Traits::
@@ -205,19 +271,19 @@ __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off
 template <class Traits, bool kIsV, class SmemTensor>
 __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
                                         const KvRowOffsets* kv_off, int n, SmemTensor& sX,
-                                        int tid) {
-  using Element = typename Traits::Element;
+                                        int tid, uint8_t* mirror = nullptr) {
+  using Src = typename Traits::KvStorage;
   constexpr L2Hint kHint = Traits::kKvEvictFirst ? L2Hint::evict_first : L2Hint::none;
-  const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
+  const Src* base = static_cast<const Src*>(kIsV ? p.v : p.k);
   if (!reads_page_table<Traits>(p)) {
     const int j0 = n * Traits::kBlockN;
     const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
     const int64_t row0 = kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
                                        row_stride, kIsV ? p.v_head_stride : p.k_head_stride, c.hk);
     load_strided_rows<Traits, Traits::kBlockN, kHint>(sX, base, base + row0, row_stride,
-                                                      c.seq.seqlen_k - j0, p.head_dim, tid);
+                                                      c.seq.seqlen_k - j0, p.head_dim, tid, mirror);
   } else {
-    load_tile<Traits, Traits::kBlockN, kHint>(sX, base, p.head_dim, tid, [&](int r) {
+    load_tile<Traits, Traits::kBlockN, kHint>(sX, base, mirror, p.head_dim, tid, [&](int r) {
       return kIsV ? kv_off[r].v : kv_off[r].k;
     });
   }
@@ -286,28 +352,30 @@ __device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams&
 // per row; rows past the keys and columns >= head_dim zero-filled.
 template <class Traits, bool kIsV, class SmemTensor>
 __device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaInfo& c,
-                                                const PagedRows<Traits>& rows, SmemTensor& sX, int tid) {
-  using Element = typename Traits::Element;
+                                                const PagedRows<Traits>& rows, SmemTensor& sX, int tid,
+                                                uint8_t* mirror = nullptr) {
+  using Src = typename Traits::KvStorage;
   constexpr L2Hint kHint = Traits::kKvEvictFirst ? L2Hint::evict_first : L2Hint::none;
   if (tid >= Traits::kGmemThreads) return;
-  const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
+  const Src* base = static_cast<const Src*>(kIsV ? p.v : p.k);
+  const typename Traits::Element* tile = &sX(0);
   const int64_t page_stride = kIsV ? p.v_batch_stride : p.k_batch_stride;
   const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
   auto part = copy_partition<Traits, Traits::kBlockN>(sX, tid);
   auto& tXsX = get<0>(part);        // (CPY, CPY_M, CPY_K)
   const auto& tXcX = get<1>(part);  // (CPY, CPY_M, CPY_K) -> (row, col)
   const int col = get<1>(tXcX(0, 0, 0));
-  const Element* head = base + c.hk * (kIsV ? p.v_head_stride : p.k_head_stride) + col;
+  const Src* head = base + c.hk * (kIsV ? p.v_head_stride : p.k_head_stride) + col;
   static_assert(decltype(size<1>(tXsX))::value == PagedRows<Traits>::kRows, "a page per copy row");
   CUTE_UNROLL
   for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
     const bool row_ok = rows.page[m] >= 0;
-    const Element* src = head + rows.page[m] * page_stride + rows.in_page[m] * row_stride;
+    const Src* src = head + rows.page[m] * page_stride + rows.in_page[m] * row_stride;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tXsX); ++k) {
       const int dcol = get<1>(tXcX(0, m, k)) - col;  // a constant of the partition
       const bool valid = row_ok && col + dcol < p.head_dim;
-      cp_async_16<kHint>(&tXsX(0, m, k), valid ? src + dcol : base, valid);
+      copy_chunk<kHint>(&tXsX(0, m, k), tile, mirror, valid ? src + dcol : base, valid);
     }
   }
 }
