@@ -130,17 +130,20 @@ def test_opcheck():
     one, AOT dispatch with dynamic shapes."""
     x = make_inputs()
     for return_lse in (False, True):
+        no_descales = (None, None, None)  # q_descale, k_descale, v_descale
         torch.library.opcheck(torch.ops.flashattn.fwd.default,
-                              (x["q"], x["k"], x["v"], None, None, True, -1, -1, 0.0, return_lse))
+                              (x["q"], x["k"], x["v"], None, *no_descales, None, True, -1, -1,
+                               0.0, return_lse))
         torch.library.opcheck(torch.ops.flashattn.fwd_varlen.default,
                               (x["q_packed"], x["k_packed"], x["v_packed"], x["cu_seqlens"],
-                               x["cu_seqlens"], 5, 5, None, None, None, None, 0.3, True, -1, -1,
-                               0.0, return_lse))
+                               x["cu_seqlens"], 5, 5, None, None, None, None, *no_descales, 0.3,
+                               True, -1, -1, 0.0, return_lse))
         for k_new, v_new in ((None, None), (x["k_new"], x["v_new"])):
             torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default,
                                   (x["q"], x["k_cache"].clone(), x["v_cache"].clone(), k_new,
                                    v_new, None, None, x["cache_seqlens"], None, None, None,
-                                   None, None, True, -1, -1, 0.0, True, 0, return_lse, None))
+                                   None, *no_descales, None, True, -1, -1, 0.0, True, 0,
+                                   return_lse, None))
 
 
 def test_fake_shapes():
@@ -168,7 +171,8 @@ def test_graph_workspace_has_the_planned_size():
     runs only on CUDA; its sizing is checked here)."""
     x = make_inputs()
     args = (x["q"], x["k_cache"], x["v_cache"], x["k_new"], x["v_new"], None, None,
-            x["cache_seqlens"], None, None, None, None, None, True, -1, -1, 0.0, True, 4)
+            x["cache_seqlens"], None, None, None, None, None, None, None, None, True, -1, -1,
+            0.0, True, 4)
     ws = flashattn._torch_ops._graph_workspace(*args)
     plan = flashattn.plan_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k_new"], x["v_new"],
                                   cache_seqlens=x["cache_seqlens"], causal=True, num_splits=4)
