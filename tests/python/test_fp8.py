@@ -1,0 +1,304 @@
+"""FP8 (e4m3) on the CPU backend (issue 29): torch CPU tensors of torch.float8_e4m3fn (and NumPy
+ml_dtypes.float8_e4m3fn) with q_descale / k_descale / v_descale, as FlashAttention-3 takes them,
+against reference.py (float64) on the dequantized inputs, under the FP8 bound (conftest.py).
+
+Inputs are random normal values quantized the way a user would: descale = amax / 448, one for the
+tensor (scalar) or one per (batch, KV head).
+"""
+import numpy as np
+import pytest
+
+import flashattn
+import reference as ref
+from conftest import assert_fp8_close
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+E4M3 = torch.float8_e4m3fn
+NUMPY_DTYPE = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16}
+DESCALES = ["none", "scalar", "bhk"]
+
+
+def randn(gen, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen).to(dtype)
+
+
+def quantize(x, hk, kind, batch_of=None, batch=None):
+    """x (float, dim 0 the batch, or rows / pages whose sequence batch_of gives) -> (e4m3 tensor,
+    descale): kind "none" (descale None: x must fit e4m3 as it is), "scalar" (shape ()) or "bhk"
+    (batch, hk), each amax / 448 of the values it scales."""
+    if kind == "none":
+        return x.clamp(-ref.E4M3_MAX, ref.E4M3_MAX).to(E4M3), None
+    heads = x.shape[-2]
+    if kind == "scalar":
+        descale = (x.abs().amax() / ref.E4M3_MAX).clamp_min(1e-12).float()
+        factors = descale
+    else:
+        rows = torch.arange(x.shape[0]) if batch_of is None else torch.as_tensor(batch_of)
+        batch = x.shape[0] if batch is None else batch
+        amax_rows = x.abs().reshape(x.shape[0], -1, hk, heads // hk, x.shape[-1]).amax(
+            dim=(1, 3, 4))  # (rows, hk)
+        descale = torch.stack([amax_rows[rows == b].amax(0) if (rows == b).any()
+                               else torch.ones(hk) for b in range(batch)])
+        descale = (descale / ref.E4M3_MAX).clamp_min(1e-12).float()
+        per_head = descale.repeat_interleave(heads // hk, dim=1)[rows]  # (rows, heads)
+        factors = per_head.reshape(x.shape[0], *([1] * (x.dim() - 3)), heads, 1)
+    return (x / factors).clamp(-ref.E4M3_MAX, ref.E4M3_MAX).to(E4M3), descale
+
+
+def f64(t):
+    """A tensor's values (e4m3 ones exact) as a float64 NumPy array."""
+    return None if t is None else t.double().numpy()
+
+
+def dq(x8, descale, batch_of=None):
+    """The dequantized values the oracle attends over."""
+    return ref.dequantize(f64(x8), f64(descale), batch_of)
+
+
+def check_lse(lse, ref_lse):
+    assert lse.dtype == torch.float32
+    assert_fp8_close(lse.numpy(), ref_lse, "lse")
+
+
+# ---- the oracle's e4m3 rounding ------------------------------------------------------------------
+
+def test_round_e4m3_matches_torch():
+    """reference.round_e4m3 (written from the format) against torch's conversion, which rounds
+    to nearest even but does not saturate (hence the clamp): normals, subnormals, ties, 448+."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(100000) * np.exp2(rng.uniform(-13, 10, 100000))
+    x = np.concatenate([x, [0.0, 2.0**-10, 3 * 2.0**-10, 2.0**-6, 15.5, 448, 463.9, 464, 1e4]])
+    want = torch.from_numpy(np.clip(x, -ref.E4M3_MAX, ref.E4M3_MAX)).to(E4M3).double().numpy()
+    np.testing.assert_array_equal(ref.round_e4m3(x), want)
+
+
+# ---- prefill ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("descale", DESCALES)
+@pytest.mark.parametrize("h,hk", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_dense(descale, h, hk, causal):
+    gen = torch.Generator().manual_seed(1)
+    b, sq, sk, d = 2, 37, 53, 64
+    q8, qd = quantize(randn(gen, b, sq, h, d), hk, descale)
+    k8, kd = quantize(randn(gen, b, sk, hk, d) * 3, hk, descale)
+    v8, vd = quantize(randn(gen, b, sk, hk, d), hk, descale)
+    out, lse, _ = flashattn.flash_attn_func(q8, k8, v8, causal=causal, return_attn_probs=True,
+                                            q_descale=qd, k_descale=kd, v_descale=vd)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, sq, h, d)
+    r, rl = ref.dense(dq(q8, qd), dq(k8, kd), dq(v8, vd), causal=causal)
+    assert_fp8_close(out.double().numpy(), r)
+    check_lse(lse, rl)
+
+
+def test_fp8_dense_out_and_scalar_shape_1():
+    """out= (bf16) written in place; a scalar descale of shape (1); softmax_scale and a window."""
+    gen = torch.Generator().manual_seed(2)
+    b, s, h, d = 2, 29, 4, 32
+    q8, qd = quantize(randn(gen, b, s, h, d), 2, "scalar")
+    k8, kd = quantize(randn(gen, b, s, 2, d), 2, "scalar")
+    v8, vd = quantize(randn(gen, b, s, 2, d), 2, "scalar")
+    qd, kd, vd = qd.reshape(1), kd.reshape(1), vd.reshape(1)
+    out = torch.full((b, s, h, d), float("nan"), dtype=torch.bfloat16)
+    res = flashattn.flash_attn_func(q8, k8, v8, softmax_scale=0.2, window_size=(7, 3), out=out,
+                                    q_descale=qd, k_descale=kd, v_descale=vd)
+    assert res is out
+    r, _ = ref.dense(dq(q8, qd), dq(k8, kd), dq(v8, vd), scale=0.2, window=(7, 3))
+    assert_fp8_close(out.double().numpy(), r)
+
+
+def cu(lengths):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("descale", ["scalar", "bhk"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen(descale, causal):
+    gen = torch.Generator().manual_seed(3)
+    lq, lk = [3, 0, 17, 40, 1], [17, 5, 17, 33, 0]
+    h, hk, d = 4, 2, 64
+    rows_q = np.repeat(np.arange(len(lq)), lq)
+    rows_k = np.repeat(np.arange(len(lk)), lk)
+    q8, qd = quantize(randn(gen, sum(lq), h, d), hk, descale, rows_q, len(lq))
+    k8, kd = quantize(randn(gen, sum(lk), hk, d), hk, descale, rows_k, len(lk))
+    v8, vd = quantize(randn(gen, sum(lk), hk, d), hk, descale, rows_k, len(lk))
+    out, lse, _ = flashattn.flash_attn_varlen_func(
+        q8, k8, v8, cu(lq), cu(lk), max(lq), max(lk), causal=causal, return_attn_probs=True,
+        q_descale=qd, k_descale=kd, v_descale=vd)
+    assert out.dtype == torch.bfloat16 and out.shape == (sum(lq), h, d)
+    r, rl = ref.varlen(dq(q8, qd, rows_q), dq(k8, kd, rows_k), dq(v8, vd, rows_k),
+                       cu(lq).numpy(), cu(lk).numpy(), causal=causal)
+    assert_fp8_close(out.double().numpy(), r)
+    check_lse(lse, rl)
+
+
+def page_table(gen, batch, max_pages):
+    """A shuffled block table (batch, max_pages) over batch * max_pages + 2 pages, and the
+    sequence of each page (the two unused pages: 0)."""
+    num_pages = batch * max_pages + 2
+    table = torch.randperm(num_pages, generator=gen)[:batch * max_pages].reshape(batch, max_pages)
+    owner = np.zeros(num_pages, np.int64)
+    for b in range(batch):
+        owner[table[b].numpy()] = b
+    return table.to(torch.int32), owner
+
+
+def test_fp8_varlen_paged():
+    gen = torch.Generator().manual_seed(4)
+    lq, lk, page_size, h, hk, d = [1, 7, 3], [40, 17, 1], 16, 4, 2, 64
+    table, owner = page_table(gen, len(lk), 3)
+    rows_q = np.repeat(np.arange(len(lq)), lq)
+    q8, qd = quantize(randn(gen, sum(lq), h, d), hk, "bhk", rows_q, len(lq))
+    k8, kd = quantize(randn(gen, len(owner), page_size, hk, d), hk, "bhk", owner, len(lk))
+    v8, vd = quantize(randn(gen, len(owner), page_size, hk, d), hk, "bhk", owner, len(lk))
+    out = flashattn.flash_attn_varlen_func(q8, k8, v8, cu(lq), cu(lk), max(lq), max(lk),
+                                           causal=True, block_table=table, q_descale=qd,
+                                           k_descale=kd, v_descale=vd)
+    r, _ = ref.varlen(dq(q8, qd, rows_q), dq(k8, kd, owner), dq(v8, vd, owner), cu(lq).numpy(),
+                      cu(lk).numpy(), block_table=table.numpy(), causal=True)
+    assert_fp8_close(out.double().numpy(), r)
+
+
+def test_fp8_numpy_ml_dtypes():
+    """NumPy float8_e4m3fn arrays (ml_dtypes) with NumPy descales: out is ml_dtypes.bfloat16."""
+    gen = torch.Generator().manual_seed(5)
+    b, s, h, hk, d = 2, 21, 4, 2, 64
+    (q8, qd), (k8, kd), (v8, vd) = (quantize(randn(gen, b, s, heads, d), hk, "bhk")
+                                    for heads in (h, hk, hk))
+    to_np = lambda t: t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+    out, lse, _ = flashattn.flash_attn_func(to_np(q8), to_np(k8), to_np(v8), causal=True,
+                                            return_attn_probs=True, q_descale=qd.numpy(),
+                                            k_descale=kd.numpy(), v_descale=vd.numpy())
+    assert out.dtype == ml_dtypes.bfloat16 and lse.dtype == np.float32
+    r, rl = ref.dense(dq(q8, qd), dq(k8, kd), dq(v8, vd), causal=True)
+    assert_fp8_close(out.astype(np.float64), r)
+    assert_fp8_close(lse, rl, "lse")
+
+
+# ---- kv cache -----------------------------------------------------------------------------------
+
+def kvcache_case(gen, q_dtype, descale, *, b=3, sq=3, s_new=3, h=4, hk=2, d=64, max_sk=96,
+                 page_size=None, rotary_dim=0):
+    """An e4m3 cache (contiguous or paged) with its descales, q of q_dtype (bf16, fp16, e4m3),
+    k/v to append of out's dtype (scaled up so that some saturate at +-448 * descale)."""
+    out_dtype = torch.bfloat16 if q_dtype == E4M3 else q_dtype
+    c = {}
+    if q_dtype == E4M3:
+        c["q"], c["q_descale"] = quantize(randn(gen, b, sq, h, d), hk, descale)
+    else:
+        c["q"] = randn(gen, b, sq, h, d, dtype=q_dtype)
+    seqlens = torch.randint(0, max_sk - s_new + 1, (b,), generator=gen, dtype=torch.int32)
+    seqlens[0] = max_sk - s_new
+    c["cache_seqlens"] = seqlens
+    owner = None
+    if page_size is None:
+        shape = (b, max_sk, hk, d)
+    else:
+        c["block_table"], owner = page_table(gen, b, -(-max_sk // page_size))
+        shape = (len(owner), page_size, hk, d)
+    c["k_cache"], c["k_descale"] = quantize(randn(gen, *shape), hk, descale, owner, b)
+    c["v_cache"], c["v_descale"] = quantize(randn(gen, *shape), hk, descale, owner, b)
+    if s_new:
+        c["k"] = randn(gen, b, s_new, hk, d, dtype=out_dtype) * 2
+        c["v"] = randn(gen, b, s_new, hk, d, dtype=out_dtype) * 2
+    if rotary_dim:
+        angles = torch.rand(max_sk + sq, rotary_dim // 2, generator=gen, dtype=torch.float64) * 6.3
+        c["rotary_cos"], c["rotary_sin"] = angles.cos().to(out_dtype), angles.sin().to(out_dtype)
+    return c, out_dtype, owner
+
+
+def check_fp8_kvcache(case, out_dtype, owner, causal=True, interleaved=True, k_cache_ulps=0):
+    """flash_attn_with_kvcache on copies of the caches; out and LSE against the oracle, and every
+    cache row against the oracle's stored values (appended rows quantized, the others kept):
+    exact, or k within k_cache_ulps e4m3 steps (rotary rounds the rotation once, in fp32)."""
+    c = dict(case, k_cache=case["k_cache"].clone(), v_cache=case["v_cache"].clone())
+    out, lse = flashattn.flash_attn_with_kvcache(**c, causal=causal, rotary_interleaved=interleaved,
+                                                 return_softmax_lse=True)
+    assert out.dtype == out_dtype and c["k_cache"].dtype == E4M3
+    table = case.get("block_table")
+    paged = table is not None
+    r, rl, kc, vc = ref.kvcache(
+        f64(case["q"]), f64(case["k_cache"]), f64(case["v_cache"]), k_new=f64(case.get("k")),
+        v_new=f64(case.get("v")), cos=f64(case.get("rotary_cos")),
+        sin=f64(case.get("rotary_sin")), cache_seqlens=case["cache_seqlens"].numpy(),
+        block_table=None if not paged else table.numpy(), causal=causal,
+        rotary_interleaved=interleaved, dtype=NUMPY_DTYPE[out_dtype], cache_e4m3=True,
+        q_descale=f64(case.get("q_descale")), k_descale=f64(case["k_descale"]),
+        v_descale=f64(case["v_descale"]))
+    assert_fp8_close(out.double().numpy(), r)
+    check_lse(lse, rl)
+    np.testing.assert_array_equal(f64(c["v_cache"]), vc)
+    steps = np.ldexp(1.0, np.maximum(np.frexp(np.abs(kc))[1] - 1, ref.E4M3_MIN_NORMAL_EXP) - 3)
+    assert (np.abs(f64(c["k_cache"]) - kc) <= k_cache_ulps * steps).all(), "k_cache"
+    return c
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16, E4M3])
+@pytest.mark.parametrize("descale", ["scalar", "bhk"])
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("s_new,sq", [(0, 1), (1, 1), (3, 3)])
+def test_fp8_kvcache(q_dtype, descale, page_size, s_new, sq):
+    gen = torch.Generator().manual_seed(6)
+    case, out_dtype, owner = kvcache_case(gen, q_dtype, descale, sq=sq, s_new=s_new,
+                                          page_size=page_size)
+    c = check_fp8_kvcache(case, out_dtype, owner)
+    if s_new:  # some appended values were beyond 448 * descale: stored saturated, not NaN
+        assert (c["k_cache"].double().abs() == ref.E4M3_MAX).any()
+        assert not torch.isnan(c["k_cache"].double()).any()
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_fp8_kvcache_rotary(interleaved, page_size):
+    gen = torch.Generator().manual_seed(7)
+    case, out_dtype, owner = kvcache_case(gen, torch.bfloat16, "bhk", sq=2, s_new=2,
+                                          page_size=page_size, rotary_dim=32)
+    check_fp8_kvcache(case, out_dtype, owner, interleaved=interleaved, k_cache_ulps=1)
+
+
+def test_fp8_kvcache_plan():
+    gen = torch.Generator().manual_seed(8)
+    case, _, _ = kvcache_case(gen, E4M3, "bhk", sq=1, s_new=1, page_size=16)
+    plan = flashattn.plan_kvcache(**case, causal=True, num_splits=3)
+    assert plan.num_splits >= 1 and plan.kernel == "cpu"
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+def test_fp8_errors():
+    """The library's rules (ValueError / TypeError / NotImplementedError, the argument named);
+    out is never written by a refused call."""
+    gen = torch.Generator().manual_seed(9)
+    b, s, h, hk, d = 2, 8, 4, 2, 32
+    (q8, qd), (k8, kd), (v8, vd) = (quantize(randn(gen, b, s, heads, d), hk, "bhk")
+                                    for heads in (h, hk, hk))
+    qb = randn(gen, b, s, h, d, dtype=torch.bfloat16)
+    kb, vb = (randn(gen, b, s, hk, d, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.full((b, s, h, d), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="q_descale"):  # a descale for a bf16 q
+        flashattn.flash_attn_func(qb, kb, vb, q_descale=qd, out=out)
+    with pytest.raises(ValueError, match="k_descale"):  # for a bf16 cache
+        flashattn.flash_attn_with_kvcache(qb, kb, vb, k_descale=kd)
+    with pytest.raises(ValueError, match="k_descale"):  # neither scalar nor (b, hk)
+        flashattn.flash_attn_func(q8, k8, v8, k_descale=torch.ones(b, h), out=out)
+    with pytest.raises(ValueError, match="v_descale"):
+        flashattn.flash_attn_func(q8, k8, v8, v_descale=torch.ones(3), out=out)
+    with pytest.raises(TypeError, match="q_descale"):  # fp32 only
+        flashattn.flash_attn_func(q8, k8, v8, q_descale=qd.double(), out=out)
+    with pytest.raises(TypeError, match="v"):  # e4m3 k with a bf16 v
+        flashattn.flash_attn_func(q8, k8, vb, out=out)
+    with pytest.raises(TypeError, match="k"):  # prefill: q, k, v all e4m3
+        flashattn.flash_attn_func(q8, kb, vb, out=out)
+    with pytest.raises(TypeError, match="out"):  # the output of an e4m3 q is bf16
+        flashattn.flash_attn_func(q8, k8, v8, out=torch.empty(b, s, h, d, dtype=torch.float16))
+    assert torch.isnan(out).all()
+    # kv cache: mixed e4m3 / bf16 caches, and rotary of an e4m3 q
+    seqlens = torch.full((b,), 4, dtype=torch.int32)
+    with pytest.raises(TypeError, match="v_cache"):
+        flashattn.flash_attn_with_kvcache(qb, k8, vb, cache_seqlens=seqlens, k_descale=kd)
+    with pytest.raises(NotImplementedError, match="rotary"):
+        cos = torch.ones(2 * s, 8, dtype=torch.bfloat16)
+        flashattn.flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=seqlens, rotary_cos=cos,
+                                          rotary_sin=cos, q_descale=qd)
