@@ -15,46 +15,10 @@ from conftest import assert_fp8_close
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-E4M3 = torch.float8_e4m3fn
-NUMPY_DTYPE = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16}
+from fp8_cases import (E4M3, cu, dq, f64, kvcache_case, kvcache_reference, page_table,  # noqa: E402
+                       quantize, randn)
+
 DESCALES = ["none", "scalar", "bhk"]
-
-
-def randn(gen, *shape, dtype=torch.float32):
-    return torch.randn(*shape, generator=gen).to(dtype)
-
-
-def quantize(x, hk, kind, batch_of=None, batch=None):
-    """x (float, dim 0 the batch, or rows / pages whose sequence batch_of gives) -> (e4m3 tensor,
-    descale): kind "none" (descale None: x must fit e4m3 as it is), "scalar" (shape ()) or "bhk"
-    (batch, hk), each amax / 448 of the values it scales."""
-    if kind == "none":
-        return x.clamp(-ref.E4M3_MAX, ref.E4M3_MAX).to(E4M3), None
-    heads = x.shape[-2]
-    if kind == "scalar":
-        descale = (x.abs().amax() / ref.E4M3_MAX).clamp_min(1e-12).float()
-        factors = descale
-    else:
-        rows = torch.arange(x.shape[0]) if batch_of is None else torch.as_tensor(batch_of)
-        batch = x.shape[0] if batch is None else batch
-        amax_rows = x.abs().reshape(x.shape[0], -1, hk, heads // hk, x.shape[-1]).amax(
-            dim=(1, 3, 4))  # (rows, hk)
-        descale = torch.stack([amax_rows[rows == b].amax(0) if (rows == b).any()
-                               else torch.ones(hk) for b in range(batch)])
-        descale = (descale / ref.E4M3_MAX).clamp_min(1e-12).float()
-        per_head = descale.repeat_interleave(heads // hk, dim=1)[rows]  # (rows, heads)
-        factors = per_head.reshape(x.shape[0], *([1] * (x.dim() - 3)), heads, 1)
-    return (x / factors).clamp(-ref.E4M3_MAX, ref.E4M3_MAX).to(E4M3), descale
-
-
-def f64(t):
-    """A tensor's values (e4m3 ones exact) as a float64 NumPy array."""
-    return None if t is None else t.double().numpy()
-
-
-def dq(x8, descale, batch_of=None):
-    """The dequantized values the oracle attends over."""
-    return ref.dequantize(f64(x8), f64(descale), batch_of)
 
 
 def check_lse(lse, ref_lse):
@@ -109,10 +73,6 @@ def test_fp8_dense_out_and_scalar_shape_1():
     assert_fp8_close(out.double().numpy(), r)
 
 
-def cu(lengths):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
-
-
 @pytest.mark.parametrize("descale", ["scalar", "bhk"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_varlen(descale, causal):
@@ -132,17 +92,6 @@ def test_fp8_varlen(descale, causal):
                        cu(lq).numpy(), cu(lk).numpy(), causal=causal)
     assert_fp8_close(out.double().numpy(), r)
     check_lse(lse, rl)
-
-
-def page_table(gen, batch, max_pages):
-    """A shuffled block table (batch, max_pages) over batch * max_pages + 2 pages, and the
-    sequence of each page (the two unused pages: 0)."""
-    num_pages = batch * max_pages + 2
-    table = torch.randperm(num_pages, generator=gen)[:batch * max_pages].reshape(batch, max_pages)
-    owner = np.zeros(num_pages, np.int64)
-    for b in range(batch):
-        owner[table[b].numpy()] = b
-    return table.to(torch.int32), owner
 
 
 def test_fp8_varlen_paged():
@@ -179,37 +128,7 @@ def test_fp8_numpy_ml_dtypes():
 
 # ---- kv cache -----------------------------------------------------------------------------------
 
-def kvcache_case(gen, q_dtype, descale, *, b=3, sq=3, s_new=3, h=4, hk=2, d=64, max_sk=96,
-                 page_size=None, rotary_dim=0):
-    """An e4m3 cache (contiguous or paged) with its descales, q of q_dtype (bf16, fp16, e4m3),
-    k/v to append of out's dtype (scaled up so that some saturate at +-448 * descale)."""
-    out_dtype = torch.bfloat16 if q_dtype == E4M3 else q_dtype
-    c = {}
-    if q_dtype == E4M3:
-        c["q"], c["q_descale"] = quantize(randn(gen, b, sq, h, d), hk, descale)
-    else:
-        c["q"] = randn(gen, b, sq, h, d, dtype=q_dtype)
-    seqlens = torch.randint(0, max_sk - s_new + 1, (b,), generator=gen, dtype=torch.int32)
-    seqlens[0] = max_sk - s_new
-    c["cache_seqlens"] = seqlens
-    owner = None
-    if page_size is None:
-        shape = (b, max_sk, hk, d)
-    else:
-        c["block_table"], owner = page_table(gen, b, -(-max_sk // page_size))
-        shape = (len(owner), page_size, hk, d)
-    c["k_cache"], c["k_descale"] = quantize(randn(gen, *shape), hk, descale, owner, b)
-    c["v_cache"], c["v_descale"] = quantize(randn(gen, *shape), hk, descale, owner, b)
-    if s_new:
-        c["k"] = randn(gen, b, s_new, hk, d, dtype=out_dtype) * 2
-        c["v"] = randn(gen, b, s_new, hk, d, dtype=out_dtype) * 2
-    if rotary_dim:
-        angles = torch.rand(max_sk + sq, rotary_dim // 2, generator=gen, dtype=torch.float64) * 6.3
-        c["rotary_cos"], c["rotary_sin"] = angles.cos().to(out_dtype), angles.sin().to(out_dtype)
-    return c, out_dtype, owner
-
-
-def check_fp8_kvcache(case, out_dtype, owner, causal=True, interleaved=True, k_cache_ulps=0):
+def check_fp8_kvcache(case, out_dtype, causal=True, interleaved=True, k_cache_ulps=0):
     """flash_attn_with_kvcache on copies of the caches; out and LSE against the oracle, and every
     cache row against the oracle's stored values (appended rows quantized, the others kept):
     exact, or k within k_cache_ulps e4m3 steps (rotary rounds the rotation once, in fp32)."""
@@ -217,16 +136,7 @@ def check_fp8_kvcache(case, out_dtype, owner, causal=True, interleaved=True, k_c
     out, lse = flashattn.flash_attn_with_kvcache(**c, causal=causal, rotary_interleaved=interleaved,
                                                  return_softmax_lse=True)
     assert out.dtype == out_dtype and c["k_cache"].dtype == E4M3
-    table = case.get("block_table")
-    paged = table is not None
-    r, rl, kc, vc = ref.kvcache(
-        f64(case["q"]), f64(case["k_cache"]), f64(case["v_cache"]), k_new=f64(case.get("k")),
-        v_new=f64(case.get("v")), cos=f64(case.get("rotary_cos")),
-        sin=f64(case.get("rotary_sin")), cache_seqlens=case["cache_seqlens"].numpy(),
-        block_table=None if not paged else table.numpy(), causal=causal,
-        rotary_interleaved=interleaved, dtype=NUMPY_DTYPE[out_dtype], cache_e4m3=True,
-        q_descale=f64(case.get("q_descale")), k_descale=f64(case["k_descale"]),
-        v_descale=f64(case["v_descale"]))
+    r, rl, kc, vc = kvcache_reference(case, out_dtype, causal=causal, interleaved=interleaved)
     assert_fp8_close(out.double().numpy(), r)
     check_lse(lse, rl)
     np.testing.assert_array_equal(f64(c["v_cache"]), vc)
@@ -241,9 +151,9 @@ def check_fp8_kvcache(case, out_dtype, owner, causal=True, interleaved=True, k_c
 @pytest.mark.parametrize("s_new,sq", [(0, 1), (1, 1), (3, 3)])
 def test_fp8_kvcache(q_dtype, descale, page_size, s_new, sq):
     gen = torch.Generator().manual_seed(6)
-    case, out_dtype, owner = kvcache_case(gen, q_dtype, descale, sq=sq, s_new=s_new,
+    case, out_dtype = kvcache_case(gen, q_dtype, descale, sq=sq, s_new=s_new,
                                           page_size=page_size)
-    c = check_fp8_kvcache(case, out_dtype, owner)
+    c = check_fp8_kvcache(case, out_dtype)
     if s_new:  # some appended values were beyond 448 * descale: stored saturated, not NaN
         assert (c["k_cache"].double().abs() == ref.E4M3_MAX).any()
         assert not torch.isnan(c["k_cache"].double()).any()
@@ -253,14 +163,14 @@ def test_fp8_kvcache(q_dtype, descale, page_size, s_new, sq):
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_fp8_kvcache_rotary(interleaved, page_size):
     gen = torch.Generator().manual_seed(7)
-    case, out_dtype, owner = kvcache_case(gen, torch.bfloat16, "bhk", sq=2, s_new=2,
+    case, out_dtype = kvcache_case(gen, torch.bfloat16, "bhk", sq=2, s_new=2,
                                           page_size=page_size, rotary_dim=32)
-    check_fp8_kvcache(case, out_dtype, owner, interleaved=interleaved, k_cache_ulps=1)
+    check_fp8_kvcache(case, out_dtype, interleaved=interleaved, k_cache_ulps=1)
 
 
 def test_fp8_kvcache_plan():
     gen = torch.Generator().manual_seed(8)
-    case, _, _ = kvcache_case(gen, E4M3, "bhk", sq=1, s_new=1, page_size=16)
+    case, _ = kvcache_case(gen, E4M3, "bhk", sq=1, s_new=1, page_size=16)
     plan = flashattn.plan_kvcache(**case, causal=True, num_splits=3)
     assert plan.num_splits >= 1 and plan.kernel == "cpu"
 
