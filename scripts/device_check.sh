@@ -11,6 +11,8 @@
 #             automatic and with FLASHATTN_KERNEL forcing each kernel; memcheck on the bad index
 #             values of the IndexFaults tests with each kernel forced; synccheck on the
 #             prefill kernels (warpspec's mbarrier pipeline and turns, wgmma)
+#   fp8sanitize  memcheck + racecheck on the FP8 (e4m3) sweep cases of the GPU tests (also run
+#             at the end of sanitize)
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn), and
 #             chunked prefill over a paged cache (prefill-paged-h200.json)
 #   overhead  host time against GPU time of small decode calls (bench/probes/decode_overhead.py)
@@ -147,7 +149,21 @@ stage_sanitize() {
       --gtest_filter='IndexFaults.*' --gtest_brief=1 >>"$log" 2>&1 || rc=1
     tail -n 2 "$log"
   done
+  stage_fp8sanitize || rc=1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
+  return $rc
+}
+
+# The FP8 cases of the GPU sweeps (tests/common/cases.cpp, names *e4m3*): the e4m3 mirror loads
+# and widening (mma prefill, splitkeys decode), the quantizing append, 1-byte staging.
+stage_fp8sanitize() {
+  local log="$OUT/sanitizer.log" rc=0 tool
+  for tool in memcheck racecheck; do
+    echo "== $tool FP8 sweep cases" >>"$log"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$CARRY/flashattn_tests_gpu" \
+      --gtest_filter='Cuda/*e4m3*' --gtest_brief=1 >>"$log" 2>&1 || rc=1
+    tail -n 3 "$log"
+  done
   return $rc
 }
 
@@ -174,7 +190,7 @@ stage_dram() {
   return $rc
 }
 
-# BENCH="prefill decode chunked" (default) picks the tables; BENCH_ARGS adds bench.py options.
+# BENCH="prefill decode chunked" (default) picks the tables (also prefill-fp8, decode-fp8); BENCH_ARGS adds bench.py options.
 stage_bench() {
   local kind name
   for kind in ${BENCH:-prefill decode chunked}; do

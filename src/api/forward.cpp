@@ -82,6 +82,21 @@ void set_options(AttnParams& a, const Problem& p, const AttentionOptions& o) {
   a.num_threads = o.num_threads;
 }
 
+// An FP8 descale factor (AttentionOptions) into the params' pointer and (batch, KV head)
+// strides: both strides 0 for a scalar; null when not given.
+void set_descale(const Tensor& t, const float*& data, int64_t& batch_stride, int64_t& head_stride) {
+  if (!t.defined()) return;
+  data = static_cast<const float*>(t.data);
+  batch_stride = t.ndim == 2 ? t.stride[0] : 0;
+  head_stride = t.ndim == 2 ? t.stride[1] : 0;
+}
+
+void set_descales(AttnParams& a, const AttentionOptions& o) {
+  set_descale(o.q_descale, a.q_descale, a.q_descale_batch_stride, a.q_descale_head_stride);
+  set_descale(o.k_descale, a.k_descale, a.k_descale_batch_stride, a.k_descale_head_stride);
+  set_descale(o.v_descale, a.v_descale, a.v_descale_batch_stride, a.v_descale_head_stride);
+}
+
 // Where a CUDA call's kernels record an index fault; the CPU backend gets none (the host checked
 // the values it reads).
 DeviceStatus* status_word(const Problem& p) {
@@ -92,6 +107,8 @@ AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const
                        const Tensor& out, const AttentionOptions& o) {
   AttnParams a;
   a.dtype = p.dtype;
+  a.q_storage = q.dtype;
+  a.kv_storage = k.dtype;
   a.device_index = p.device_index;
   a.q = q.data;
   a.k = k.data;
@@ -117,6 +134,7 @@ AttnParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const
   a.key_capacity = p.seqlen_k;
   a.status = status_word(p);
   set_options(a, p, o);
+  set_descales(a, o);
   return a;
 }
 
@@ -217,6 +235,9 @@ AppendParams make_append_params(const Problem& p, const Tensor& q, const Tensor&
     ap.page_size = p.page_size;
     ap.num_pages = int(k_cache.shape[0]);
   }
+  ap.cache_storage = k_cache.dtype;
+  set_descale(o.k_descale, ap.k_descale, ap.k_descale_batch_stride, ap.k_descale_head_stride);
+  set_descale(o.v_descale, ap.v_descale, ap.v_descale_batch_stride, ap.v_descale_head_stride);
   ap.k_cache = k_cache.data;
   ap.v_cache = v_cache.data;
   ap.kc_batch_stride = k_cache.stride[0], ap.kc_row_stride = k_cache.stride[1], ap.kc_head_stride = k_cache.stride[2];

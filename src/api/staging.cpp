@@ -1,5 +1,6 @@
 #include "api/staging.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -87,10 +88,11 @@ Problem kernel_problem(const Problem& p) {
 bool kernel_ready(const Tensor& t) {
   if (!staged_device(t.device) || !t.defined()) return true;
   const int64_t bytes = int64_t(dtype_size(t.dtype));
+  const int64_t alignment = std::min<int64_t>(kCudaHeadDimMultiple * bytes, kCudaAlignmentBytes);
   if (t.size(-1) != padded_head_dim(int(t.size(-1)))) return false;
-  if (reinterpret_cast<uintptr_t>(t.data) % kCudaAlignmentBytes != 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % alignment != 0) return false;
   for (int i = 0; i + 1 < t.ndim; ++i) {
-    if (t.shape[i] > 1 && (t.stride[i] * bytes) % kCudaAlignmentBytes != 0) return false;
+    if (t.shape[i] > 1 && (t.stride[i] * bytes) % alignment != 0) return false;
   }
   return true;
 }

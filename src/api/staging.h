@@ -1,7 +1,8 @@
 // Staging: any head dim and any strides on CUDA, outside the kernels.
 //
-// The CUDA kernels move fp16/bf16 rows in 16-byte pieces: they need the head dim a multiple of
-// 8, every stride (but the last, 1) a multiple of 8 elements and the data 16-byte aligned. A
+// The CUDA kernels move fp16/bf16 rows in 16-byte pieces (e4m3 rows in 8-byte ones): they need
+// the head dim a multiple of 8, every stride (but the last, 1) a multiple of 8 elements and the
+// data aligned to 8 elements (16 bytes at most). A
 // tensor that is not so is staged, the way FlashAttention-2 pads: copied on the device into
 // scratch whose head dim is rounded up to a multiple of 8, the extra columns zero (so q·k is
 // unchanged and the extra output columns are dropped), and an output is copied back. The
@@ -15,7 +16,7 @@
 
 namespace flashattn {
 
-constexpr int kCudaHeadDimMultiple = 8;  // 16-byte pieces of 2-byte elements
+constexpr int kCudaHeadDimMultiple = 8;  // 16-byte pieces of 2-byte elements, 8-byte ones of e4m3
 constexpr int kCudaAlignmentBytes = 16;
 
 // head_dim rounded up to a multiple of kCudaHeadDimMultiple.
@@ -27,7 +28,8 @@ int kernel_head_dim(const Problem& p);
 Problem kernel_problem(const Problem& p);
 
 // Whether the CUDA kernels can address t where it is: its last dim a multiple of 8, its data
-// 16-byte aligned, its strides (of dims larger than 1) multiples of 16 bytes. Always true on
+// and its strides (of dims larger than 1) aligned to 16 bytes (8 bytes for e4m3: the kernels
+// read e4m3 rows in 8-byte pieces, tile_loads.h copy_chunk). Always true on
 // the CPU (unless FLASHATTN_KERNEL=automatic,stage=cpu, a test switch: the CPU is then staged by the same
 // rule, with host copies, so that the CPU sweeps test the staging).
 bool kernel_ready(const Tensor& t);

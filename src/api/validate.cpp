@@ -136,24 +136,41 @@ const int* host_ints(const Tensor& t) {
 
 void check_storage_dtype(const Tensor& q) {
   const bool half = q.dtype == DType::f16 || q.dtype == DType::bf16;
-  if (q.device == Device::cuda && !half) {
-    fail(Error::Kind::type_error, "q", "must be fp16 or bf16 on cuda", dtype_name(q.dtype));
+  if (q.device == Device::cuda && !half && q.dtype != DType::e4m3) {
+    fail(Error::Kind::type_error, "q", "must be fp16, bf16 or e4m3 on cuda", dtype_name(q.dtype));
   }
-  if (!half && q.dtype != DType::f32) {
-    fail(Error::Kind::type_error, "q", "must be fp16, bf16 or fp32 (fp32 on cpu only)",
+  if (!half && q.dtype != DType::f32 && q.dtype != DType::e4m3) {
+    fail(Error::Kind::type_error, "q", "must be fp16, bf16, e4m3 or fp32 (fp32 on cpu only)",
          dtype_name(q.dtype));
   }
 }
 
-void check_like_q(const Tensor& t, const char* name, const Tensor& q) {
-  require_defined(t, name);
-  if (t.dtype != q.dtype) {
-    fail(Error::Kind::type_error, name, std::string("must have q's dtype ") + dtype_name(q.dtype),
+// The type the kernels compute in and write out in: q's, or bf16 for an e4m3 q (flashattn.h,
+// docs/DECISIONS.md D-64). k_new, v_new and the rotary tables have it too.
+DType compute_dtype(const Tensor& q) { return q.dtype == DType::e4m3 ? DType::bf16 : q.dtype; }
+
+void require_same_dtype(const Tensor& t, const char* name, DType dtype, const char* whose) {
+  if (t.dtype != dtype) {
+    fail(Error::Kind::type_error, name, std::string("must have ") + whose + " dtype " + dtype_name(dtype),
          dtype_name(t.dtype));
   }
+}
+
+void check_like_q(const Tensor& t, const char* name, const Tensor& q, DType dtype, const char* whose) {
+  require_defined(t, name);
+  require_same_dtype(t, name, dtype, whose);
   require_same_device(t, name, q);
   require_last_dim_contiguous(t, name);
   require_addressable(t, name);
+}
+void check_like_q(const Tensor& t, const char* name, const Tensor& q) {
+  check_like_q(t, name, q, q.dtype, "q's");
+}
+
+// A KV cache: q's dtype, or e4m3 under a bf16/fp16 q (an e4m3 q needs an e4m3 cache: check_like_q).
+void check_cache_like_q(const Tensor& t, const char* name, const Tensor& q) {
+  const bool fp8_cache = t.dtype == DType::e4m3 && (q.dtype == DType::bf16 || q.dtype == DType::f16);
+  check_like_q(t, name, q, fp8_cache ? DType::e4m3 : q.dtype, "e4m3 (under a bf16/fp16 q) or q's");
 }
 
 // Any stride and head dim are served on cuda (src/api/staging.h copies what the kernels cannot
@@ -170,7 +187,7 @@ void check_cuda_alignment(const Tensor& t, const char* name) {
 void check_head_dim(const Tensor& q, int d) {
   if (d < 1 || d > kMaxHeadDim) fail("q", "head dim must be in [1, 256]", str(d));
   if (q.device == Device::cuda) {
-    if (!cuda::supports(q.dtype, padded_head_dim(d))) {
+    if (!cuda::supports(compute_dtype(q), padded_head_dim(d))) {
       fail(Error::Kind::unsupported, "q",
            std::string("no CUDA kernel compiled for this dtype and head dim (compiled: ") +
                cuda::compiled_instances() + ")",
@@ -186,6 +203,33 @@ void check_heads(int heads, int heads_k, const char* k_name) {
     fail(k_name, "query heads must be a multiple of key/value heads (" + str(heads) + ")",
          str(heads_k) + " heads");
   }
+}
+
+// One FP8 descale factor (AttentionOptions): given only for an e4m3 tensor; fp32 on q's device,
+// a scalar (shape () or (1)) or one per (batch, KV head).
+void check_descale(const Tensor& t, const char* name, bool fp8, const char* fp8_what, const Problem& p,
+                   const Tensor& q) {
+  if (!t.defined()) return;
+  if (!fp8) fail(name, std::string("is given only with ") + fp8_what + " in e4m3", "a descale for a non-FP8 call");
+  if (t.data == nullptr) fail(name, "has no data pointer", "nullptr");
+  require_dtype(t, name, DType::f32);
+  require_same_device(t, name, q);
+  const bool scalar = t.ndim == 0 || (t.ndim == 1 && t.shape[0] == 1);
+  if (!scalar && !(t.ndim == 2 && t.shape[0] == p.batch && t.shape[1] == p.heads_k)) {
+    fail(name, "must be a scalar (shape () or (1)) or have shape (batch, heads_k) = (" + str(p.batch) + ", " +
+                   str(p.heads_k) + ")",
+         shape_string(t));
+  }
+  require_addressable(t, name);
+  check_cuda_alignment(t, name);
+}
+
+// The descale factors, and whether the call reads FP8 (Problem::fp8). kv_what names k and v.
+void check_fp8(const AttentionOptions& o, Problem& p, const Tensor& q, const Tensor& k, const char* kv_what) {
+  check_descale(o.q_descale, "q_descale", q.dtype == DType::e4m3, "q", p, q);
+  check_descale(o.k_descale, "k_descale", k.dtype == DType::e4m3, kv_what, p, q);
+  check_descale(o.v_descale, "v_descale", k.dtype == DType::e4m3, kv_what, p, q);
+  p.fp8 = q.dtype == DType::e4m3 || k.dtype == DType::e4m3;
 }
 
 // ---- options ------------------------------------------------------------------------------
@@ -237,7 +281,11 @@ void check_options(const AttentionOptions& o, const Tensor& q, const Problem& p,
 }
 
 void check_out(const Tensor& out, const Tensor& q) {
-  check_like_q(out, "out", q);
+  if (q.dtype == DType::e4m3) {
+    check_like_q(out, "out", q, DType::bf16, "bf16, the output's");
+  } else {
+    check_like_q(out, "out", q);
+  }
   if (out.ndim != q.ndim) fail("out", "must have q's shape " + shape_string(q), shape_string(out));
   for (int i = 0; i < q.ndim; ++i) {
     if (out.shape[i] != q.shape[i]) {
@@ -249,14 +297,19 @@ void check_out(const Tensor& out, const Tensor& q) {
 
 // k is checked whole (rank included) before v is compared with it, so that a k of the wrong
 // rank is reported as k's problem.
+// cache: k and v are a KV cache, which may be e4m3 under a bf16/fp16 q (check_cache_like_q).
 void check_q_k_v(const Tensor& q, const Tensor& k, const Tensor& v, const char* k_name,
-                 const char* v_name, int k_ndim, const char* k_layout) {
+                 const char* v_name, int k_ndim, const char* k_layout, bool cache = false) {
   require_defined(q, "q");
   check_storage_dtype(q);
   require_last_dim_contiguous(q, "q");
-  check_like_q(k, k_name, q);
+  if (cache) {
+    check_cache_like_q(k, k_name, q);
+  } else {
+    check_like_q(k, k_name, q);
+  }
   require_ndim(k, k_name, k_ndim, k_layout);
-  check_like_q(v, v_name, q);
+  check_like_q(v, v_name, q, k.dtype, (std::string(k_name) + "'s").c_str());
   const std::string k_shape = std::string("must have ") + k_name + "'s shape " + shape_string(k);
   if (k.ndim != v.ndim) fail(v_name, k_shape, shape_string(v));
   for (int i = 0; i < k.ndim; ++i) {
@@ -405,7 +458,8 @@ void check_append_targets(const Problem& p, const int* seqlens, const int* batch
 std::vector<Arg> dense_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             const AttentionOptions& o) {
   return {{&q, "q", false}, {&k, "k", false}, {&v, "v", false}, {&out, "out", true},
-          {&o.softmax_lse, "softmax_lse", true}, {&o.alibi_slopes, "alibi_slopes", false}};
+          {&o.softmax_lse, "softmax_lse", true}, {&o.alibi_slopes, "alibi_slopes", false},
+          {&o.q_descale, "q_descale", false}, {&o.k_descale, "k_descale", false}, {&o.v_descale, "v_descale", false}};
 }
 
 // out: nullptr when planning (no output yet).
@@ -418,7 +472,8 @@ std::vector<Arg> kvcache_args(const Tensor& q, const Tensor& k_cache, const Tens
       {&a.rotary_cos, "rotary_cos", false}, {&a.rotary_sin, "rotary_sin", false},
       {&a.cache_seqlens, "cache_seqlens", false}, {&a.cache_batch_idx, "cache_batch_idx", false},
       {&a.cache_leftpad, "cache_leftpad", false}, {&a.block_table, "block_table", false},
-      {&o.alibi_slopes, "alibi_slopes", false}, {&o.softmax_lse, "softmax_lse", true}};
+      {&o.alibi_slopes, "alibi_slopes", false}, {&o.softmax_lse, "softmax_lse", true},
+      {&o.q_descale, "q_descale", false}, {&o.k_descale, "k_descale", false}, {&o.v_descale, "v_descale", false}};
   if (out) args.push_back({out, "out", true});
   return args;
 }
@@ -439,7 +494,7 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
-  p.dtype = q.dtype;
+  p.dtype = compute_dtype(q);
   p.batch = int(q.shape[0]);
   p.seqlen_q = int(q.shape[1]);
   p.heads = int(q.shape[2]);
@@ -453,6 +508,7 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   check_int32_limits(p, "q", "k");
   check_out(out, q);
   check_options(options, q, p, 0);
+  check_fp8(options, p, q, k, "k and v");
   check_outputs_alone(dense_args(q, k, v, out, options));
   return p;
 }
@@ -462,13 +518,15 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
   require_defined(q, "q");
   require_ndim(q, "q", 3, "(total_q, heads, head_dim)");
   const bool paged = args.block_table.defined();
+  // paged K/V are a KV cache (chunked prefill): e4m3 under a bf16/fp16 q too
   check_q_k_v(q, k, v, "k", "v", paged ? 4 : 3,
               paged ? "(num_pages, page_size, heads_k, head_dim) with block_table"
-                    : "(total_k, heads_k, head_dim)");
+                    : "(total_k, heads_k, head_dim)",
+              paged);
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
-  p.dtype = q.dtype;
+  p.dtype = compute_dtype(q);
   p.varlen = true;
   p.paged = paged;
   p.heads = int(q.shape[1]);
@@ -500,6 +558,7 @@ Problem validate_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const
   check_int32_limits(p, "max_seqlen_q", "max_seqlen_k");
   check_out(out, q);
   check_options(options, q, p, q.shape[0]);
+  check_fp8(options, p, q, k, "k and v");
   std::vector<Arg> all = dense_args(q, k, v, out, options);
   all.insert(all.end(), {{&args.cu_seqlens_q, "cu_seqlens_q", false}, {&args.cu_seqlens_k, "cu_seqlens_k", false},
                          {&args.seqused_k, "seqused_k", false}, {&args.leftpad_k, "leftpad_k", false},
@@ -558,11 +617,11 @@ Problem check_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_ca
   require_defined(k_cache, "k_cache");
   require_defined(v_cache, "v_cache");
   check_q_k_v(q, k_cache, v_cache, "k_cache", "v_cache", 4,
-              "(batch_cache, seqlen_cache, heads_k, head_dim) or (num_pages, page_size, heads_k, head_dim)");
+              "(batch_cache, seqlen_cache, heads_k, head_dim) or (num_pages, page_size, heads_k, head_dim)", true);
   Problem p;
   p.device = q.device;
   p.device_index = q.device_index;
-  p.dtype = q.dtype;
+  p.dtype = compute_dtype(q);
   p.kvcache = true;
   p.paged = args.block_table.defined();
   p.batch = int(q.shape[0]);
@@ -604,7 +663,7 @@ Problem check_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_ca
   }
   if (args.k_new.defined()) {
     for (const auto& [t, name] : {std::pair{&args.k_new, "k_new"}, std::pair{&args.v_new, "v_new"}}) {
-      check_like_q(*t, name, q);
+      check_like_q(*t, name, q, compute_dtype(q), "the output's");
       require_ndim(*t, name, 4, "(batch, seqlen_new, heads_k, head_dim)");
       require_dim(*t, name, 0, p.batch, "q's batch size");
       require_dim(*t, name, 2, p.heads_k, "the cache's heads_k");
@@ -624,6 +683,9 @@ Problem check_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_ca
     fail(args.rotary_cos.defined() ? "rotary_sin" : "rotary_cos", "must be given together with the other of rotary_cos/rotary_sin", "only one");
   }
   if (args.rotary_cos.defined()) {
+    if (q.dtype == DType::e4m3) {
+      fail(Error::Kind::unsupported, "rotary_cos", "rotary needs a bf16/fp16 q (an e4m3 q is not rotated)", "q e4m3");
+    }
     for (const auto& [t, name] : {std::pair{&args.rotary_cos, "rotary_cos"}, std::pair{&args.rotary_sin, "rotary_sin"}}) {
       check_like_q(*t, name, q);
       require_ndim(*t, name, 2, "(max_position, rotary_dim / 2)");
@@ -650,6 +712,7 @@ Problem check_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_ca
     fail("num_splits", "must be in [0, 128] (0 = heuristic)", str(args.num_splits));
   }
   check_options(options, q, p, 0);
+  check_fp8(options, p, q, k_cache, "k_cache and v_cache");
   const bool appends = p.seqlen_new > 0;
   check_outputs_alone(kvcache_args(q, k_cache, v_cache, out, args, options, appends));
 

@@ -29,14 +29,11 @@ int64_t cache_row_offset(const AppendParams& p, int b, int64_t pos, int64_t batc
   return cache_b * batch_stride + pos * row_stride + hk * head_stride;
 }
 
-// dst = src rotated at position `pos` (elements c >= rotary_dim copied). `row` is fp32
-// scratch of head_dim; going through it lets src and dst alias.
+// row (fp32, head_dim) = src rotated at position `pos` (elements c >= rotary_dim copied).
 template <typename S>
-void rotate_row(const AppendParams& p, const typename S::Element* src, int64_t pos,
-                typename S::Element* dst, std::vector<float>& row) {
+void rotated_row(const AppendParams& p, const typename S::Element* src, int64_t pos, std::vector<float>& row) {
   using T = typename S::Element;
-  const int d = p.head_dim;
-  load_row<S>(src, d, row.data());
+  load_row<S>(src, p.head_dim, row.data());
   const T* cos_row = static_cast<const T*>(p.rotary_cos) + pos * p.rotary_row_stride;
   const T* sin_row = static_cast<const T*>(p.rotary_sin) + pos * p.rotary_row_stride;
   for (int c = 0; c < p.rotary_dim; ++c) {
@@ -45,7 +42,22 @@ void rotate_row(const AppendParams& p, const typename S::Element* src, int64_t p
     const float partner = S::load(src[pair.partner]);
     row[c] = x * S::load(cos_row[pair.col]) + pair.sign * partner * S::load(sin_row[pair.col]);
   }
-  store_row<S>(row.data(), d, dst);
+}
+
+// dst = src rotated at position `pos`. `row` is fp32 scratch of head_dim; going through it lets
+// src and dst alias.
+template <typename S>
+void rotate_row(const AppendParams& p, const typename S::Element* src, int64_t pos,
+                typename S::Element* dst, std::vector<float>& row) {
+  rotated_row<S>(p, src, pos, row);
+  store_row<S>(row.data(), p.head_dim, dst);
+}
+
+// A new key or value row (fp32) into an e4m3 cache row: rounded to S first (as a cache of S
+// would hold it), then e4m3(x / descale), to nearest even, saturated (AppendParams).
+template <typename S>
+void quantize_row(const std::vector<float>& row, int d, float descale, uint8_t* dst) {
+  for (int c = 0; c < d; ++c) dst[c] = E4m3::store(S::load(S::store(row[c])) / descale);
 }
 
 template <typename S>
@@ -53,9 +65,42 @@ void copy_row(const typename S::Element* src, int d, typename S::Element* dst) {
   std::copy(src, src + d, dst);
 }
 
+// Element offsets of new row t of batch b, KV head hk, in k_new, v_new and the caches.
+struct AppendRow {
+  int64_t k_src, v_src, k_dst, v_dst;
+};
+AppendRow append_offsets(const AppendParams& p, int b, int t, int hk, int64_t pos) {
+  return {b * p.kn_batch_stride + t * p.kn_row_stride + hk * p.kn_head_stride,
+          b * p.vn_batch_stride + t * p.vn_row_stride + hk * p.vn_head_stride,
+          cache_row_offset(p, b, pos, p.kc_batch_stride, p.kc_row_stride, p.kc_head_stride, hk),
+          cache_row_offset(p, b, pos, p.vc_batch_stride, p.vc_row_stride, p.vc_head_stride, hk)};
+}
+
+// New key/value row t of batch b, every KV head, into an e4m3 cache.
+template <typename S>
+void append_row_e4m3(const AppendParams& p, int b, int t, std::vector<float>& row) {
+  using T = typename S::Element;
+  const int64_t pos = cache_seqlen(p, b) + t;
+  for (int hk = 0; hk < p.num_heads_k; ++hk) {
+    const AppendRow at = append_offsets(p, b, t, hk, pos);
+    const T* k_src = static_cast<const T*>(p.k_new) + at.k_src;
+    if (p.rotary_dim > 0) {
+      rotated_row<S>(p, k_src, pos, row);
+    } else {
+      load_row<S>(k_src, p.head_dim, row.data());
+    }
+    quantize_row<S>(row, p.head_dim, descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk),
+                    static_cast<uint8_t*>(p.k_cache) + at.k_dst);
+    load_row<S>(static_cast<const T*>(p.v_new) + at.v_src, p.head_dim, row.data());
+    quantize_row<S>(row, p.head_dim, descale_at(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, b, hk),
+                    static_cast<uint8_t*>(p.v_cache) + at.v_dst);
+  }
+}
+
 // New key/value row t of batch b, every KV head.
 template <typename S>
 void append_row(const AppendParams& p, int b, int t, std::vector<float>& row) {
+  if (p.cache_storage == DType::e4m3) return append_row_e4m3<S>(p, b, t, row);
   using T = typename S::Element;
   const int64_t pos = cache_seqlen(p, b) + t;
   const T* k_new = static_cast<const T*>(p.k_new);
@@ -63,12 +108,11 @@ void append_row(const AppendParams& p, int b, int t, std::vector<float>& row) {
   T* k_cache = static_cast<T*>(p.k_cache);
   T* v_cache = static_cast<T*>(p.v_cache);
   for (int hk = 0; hk < p.num_heads_k; ++hk) {
-    const T* k_src = k_new + b * p.kn_batch_stride + t * p.kn_row_stride + hk * p.kn_head_stride;
-    const T* v_src = v_new + b * p.vn_batch_stride + t * p.vn_row_stride + hk * p.vn_head_stride;
-    T* k_dst = k_cache + cache_row_offset(p, b, pos, p.kc_batch_stride, p.kc_row_stride,
-                                          p.kc_head_stride, hk);
-    T* v_dst = v_cache + cache_row_offset(p, b, pos, p.vc_batch_stride, p.vc_row_stride,
-                                          p.vc_head_stride, hk);
+    const AppendRow at = append_offsets(p, b, t, hk, pos);
+    const T* k_src = k_new + at.k_src;
+    const T* v_src = v_new + at.v_src;
+    T* k_dst = k_cache + at.k_dst;
+    T* v_dst = v_cache + at.v_dst;
     if (p.rotary_dim > 0) {
       rotate_row<S>(p, k_src, pos, k_dst, row);
     } else {

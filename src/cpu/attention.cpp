@@ -227,17 +227,20 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
-// The tile's query rows into ws.qt (transposed, fp32); the padding rows up to rows_pad (whole
-// row vectors) are zero, so that their scores are finite.
-template <typename S>
+// The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale); the padding
+// rows up to rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's
+// storage.
+template <typename QS>
 void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows, int rows_pad,
             const TileShape& t, Scratch& ws) {
-  using T = typename S::Element;
+  using T = typename QS::Element;
   const T* q = static_cast<const T*>(p.q);
+  const int hk = kv_head_of(p, w);
+  const float descale = descale_at(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, w.b, hk);
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
-    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = S::load(q_row[c]);
+    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = QS::load(q_row[c]) * descale;
   }
   for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
 }
@@ -247,21 +250,24 @@ void init_state(int rows, const TileShape& t, Scratch& ws) {
   std::fill(ws.state.begin(), ws.state.begin() + rows, SoftmaxRowState::empty());
 }
 
-// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad),
-// each key's row found through the page table when K/V are paged: pages are read in place.
-template <typename S>
+// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad,
+// times the FP8 k / v descale), each key's row found through the page table when K/V are
+// paged: pages are read in place. KS: the storage of k and v.
+template <typename KS>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
                   const TileShape& t, float* k_dst, float* v_dst) {
-  using T = typename S::Element;
+  using T = typename KS::Element;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
+  const float k_descale = descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk);
+  const float v_scale = v_descale(p, b, hk);
   for (int j = 0; j < keys; ++j) {
     const T* k_row =
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
     const T* v_row =
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    load_row<S>(k_row, t.d, k_dst + size_t(j) * t.d_pad);
-    load_row<S>(v_row, t.d, v_dst + size_t(j) * t.d_pad);
+    load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_descale);
+    load_row<KS>(v_row, t.d, v_dst + size_t(j) * t.d_pad, v_scale);
   }
 }
 
@@ -322,13 +328,13 @@ PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_ele
   return packed;
 }
 
-template <typename S>
+template <typename KS>
 PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t) {
   return pack_all_kv<float>(p, t, size_t(t.n) * t.d_pad,
                             [&](int b, int hk, int n_block, float* k_dst, float* v_dst, int) {
     const SeqInfo seq = seq_info(p, b);
     const int n0 = n_block * t.n;
-    load_kv_tile<S>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, k_dst, v_dst);
+    load_kv_tile<KS>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, k_dst, v_dst);
   });
 }
 
@@ -453,7 +459,8 @@ void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, con
   }
 }
 
-template <typename S>
+// S: the compute and output storage; QS, KS: the storage of q and of k, v (S, or E4m3).
+template <typename S, typename QS, typename KS>
 void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<float>& packed,
                    const ScoreUnits& units,
                    const WorkItem& w, const TileShape& t, Scratch& ws) {
@@ -462,7 +469,7 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
   const int rows_pad = round_up(rows, kern.row_lanes);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
-  load_q<S>(p, seq, w, rows, rows_pad, t, ws);
+  load_q<QS>(p, seq, w, rows, rows_pad, t, ws);
   init_state(rows, t, ws);
   for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
     const int n0 = n_block * t.n;
@@ -470,8 +477,8 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
     const float* k_tile = ws.k.data();
     const float* v_tile = ws.v.data();
     if (packed.empty()) {
-      load_kv_tile<S>(p, seq, w.b, hk, n0, keys, t, ws.k.data(), ws.v.data());
-      prefetch_next_tile<typename S::Element>(p, seq, w.b, hk, n_block, tiles, t);
+      load_kv_tile<KS>(p, seq, w.b, hk, n0, keys, t, ws.k.data(), ws.v.data());
+      prefetch_next_tile<typename KS::Element>(p, seq, w.b, hk, n_block, tiles, t);
     } else {
       k_tile = &packed.k[packed.offset(w.b, hk, n_block)];
       v_tile = &packed.v[packed.offset(w.b, hk, n_block)];
@@ -493,7 +500,8 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
 using Bf16 = Storage<DType::bf16>;
 
 bool use_amx(const AttnParams& p) {
-  return p.dtype == DType::bf16 && p.head_dim % kAmxPair == 0 && amx_kernels() != nullptr;
+  const bool bf16_storage = p.q_storage == DType::bf16 && p.kv_storage == DType::bf16;
+  return p.dtype == DType::bf16 && bf16_storage && p.head_dim % kAmxPair == 0 && amx_kernels() != nullptr;
 }
 
 // The tile's query rows as stored (bf16), zero rows up to a whole tile register.
@@ -650,7 +658,7 @@ void combine(const AttnParams& p) {
   });
 }
 
-template <typename S>
+template <typename S, typename QS, typename KS>
 void run(const AttnParams& p) {
   const TileKernels& kern = tile_kernels();
   const ScoreUnits units = score_units(p);
@@ -660,14 +668,14 @@ void run(const AttnParams& p) {
   CallScratch scratch(workers);
   const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
   const PackedKV<uint16_t> packed_bf16 = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV<uint16_t>{};
-  const PackedKV<float> packed = amx == nullptr ? pack_all_kv_fp32<S>(p, shape) : PackedKV<float>{};
+  const PackedKV<float> packed = amx == nullptr ? pack_all_kv_fp32<KS>(p, shape) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch.of(worker);
     allocate(ws, shape, amx != nullptr);
     if (amx != nullptr) {
       run_work_item_amx(p, kern, *amx, packed_bf16, units, items[item], shape, ws);
     } else {
-      run_work_item<S>(p, kern, packed, units, items[item], shape, ws);
+      run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, ws);
     }
   });
   if (p.num_splits > 1) combine<S>(p);
@@ -676,7 +684,13 @@ void run(const AttnParams& p) {
 }  // namespace
 
 void run_attention(const AttnParams& params) {
-  dispatch_dtype(params.dtype, [&](auto storage) { run<decltype(storage)>(params); });
+  dispatch_dtype(params.dtype, [&](auto compute) {
+    dispatch_storage(params.q_storage, compute, [&](auto q) {
+      dispatch_storage(params.kv_storage, compute, [&](auto kv) {
+        run<decltype(compute), decltype(q), decltype(kv)>(params);
+      });
+    });
+  });
 }
 
 }  // namespace cpu

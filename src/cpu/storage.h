@@ -36,6 +36,16 @@ struct Storage<DType::bf16> {
   static Element store(float x) { return float_to_bf16_bits(x); }
 };
 
+// FP8 (flashattn.h DType::e4m3): stored values only; the real value is descale * stored
+// (AttentionOptions), applied where the rows are loaded.
+template <>
+struct Storage<DType::e4m3> {
+  using Element = uint8_t;
+  static float load(Element x) { return e4m3_bits_to_float(x); }
+  static Element store(float x) { return float_to_e4m3_bits(x); }
+};
+using E4m3 = Storage<DType::e4m3>;
+
 // Calls fn(Storage<D>{}) for the run-time dtype (the API layer has checked it).
 template <typename Fn>
 void dispatch_dtype(DType dtype, Fn&& fn) {
@@ -49,10 +59,21 @@ void dispatch_dtype(DType dtype, Fn&& fn) {
   }
 }
 
-// n elements from src (storage) into dst (fp32).
+// Calls fn(E4m3{}) when storage is e4m3, else fn(compute): the storage of q or of k and v
+// (AttnParams q_storage, kv_storage) given the call's compute type.
+template <typename Compute, typename Fn>
+void dispatch_storage(DType storage, Compute compute, Fn&& fn) {
+  if (storage == DType::e4m3) {
+    fn(E4m3{});
+  } else {
+    fn(compute);
+  }
+}
+
+// n elements from src (storage) into dst (fp32), each times scale (an FP8 descale; 1 else).
 template <typename S>
-inline void load_row(const typename S::Element* src, int n, float* dst) {
-  for (int c = 0; c < n; ++c) dst[c] = S::load(src[c]);
+inline void load_row(const typename S::Element* src, int n, float* dst, float scale = 1.0f) {
+  for (int c = 0; c < n; ++c) dst[c] = S::load(src[c]) * scale;
 }
 
 // n elements from src (fp32) into dst (storage), rounded once.

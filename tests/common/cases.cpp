@@ -189,6 +189,23 @@ std::vector<DenseCase> dense_cases(Device device) {
     add(dt, b, sq, sk, h, hk, d, f, layout);
     ++n;
   }
+  // FP8 (e4m3 q, k, v; bf16 out): both descale kinds, the masks, GQA, staged and strided layouts
+  for (const auto& [fp8, d, f, layout] : std::vector<std::tuple<Fp8, int, Features, Layout>>{
+           {Fp8::per_head, 64, Features{}, Layout::contiguous},
+           {Fp8::per_head, 128, causal(), Layout::contiguous},
+           {Fp8::per_tensor, 256, window(32, 0), Layout::contiguous},
+           {Fp8::per_head, 96, with_softcap(with_alibi(Features{}, Alibi::per_head), 15.0f), Layout::padded},
+           {Fp8::per_tensor, 128, causal(), Layout::qkv_packed},
+           {Fp8::per_head, 59, causal(), Layout::contiguous}}) {
+    DenseCase c;
+    c.device = device;
+    c.dtype = DType::bf16;
+    c.b = 2, c.sq = 113, c.sk = layout == Layout::qkv_packed ? 113 : 339, c.h = 4, c.hk = 2, c.d = d;
+    c.f = f;
+    c.layout = layout;
+    c.fp8 = fp8;
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -280,6 +297,25 @@ std::vector<VarlenCase> varlen_cases(Device device) {
     c.leftpad_k = chance(rng, 40);
     c.page_size = pick(rng, std::vector<int>{0, 0, 1, 16, 256});
     c.layout = chance(rng, 30) ? Layout::padded : Layout::contiguous;
+    v.push_back(c);
+  }
+  // FP8: e4m3 q, k, v, packed or paged; paged K/V in e4m3 under a bf16 q (chunked prefill
+  // over an FP8 cache)
+  for (const auto& [fp8, page, kv_only, trimmed] : std::vector<std::tuple<Fp8, int, bool, bool>>{
+           {Fp8::per_head, 0, false, false}, {Fp8::per_tensor, 16, false, true},
+           {Fp8::per_head, 16, true, false}, {Fp8::per_tensor, 1, true, true}}) {
+    VarlenCase c;
+    c.device = device;
+    c.dtype = DType::bf16;
+    c.seqlens_q = {1, 17, 113, 0, 64};
+    c.seqlens_k = {339, 17, 113, 5, 200};
+    c.h = 4, c.hk = 2, c.d = 128;
+    c.f = causal();
+    c.seqused_k = trimmed;
+    c.leftpad_k = trimmed;
+    c.page_size = page;
+    c.fp8 = fp8;
+    c.fp8_kv_only = kv_only;
     v.push_back(c);
   }
   return v;
@@ -559,6 +595,20 @@ std::vector<KVCase> kvcache_cases(Device device) {
     c.f = random_features(rng);
     add(c);
   }
+  // FP8 caches: bf16 and fp16 q, e4m3 q; contiguous and paged; append (with rotary) quantizes
+  for (int i = 0; i < 8; ++i) {
+    KVCase c = decode(device, i % 3 == 1 ? fp : bf, 3, 8, 2, i % 2 ? 64 : 128, 339, i % 4 == 3 ? 0 : 1);
+    c.fp8_cache = i % 2 ? Fp8::per_tensor : Fp8::per_head;
+    c.fp8_q = i % 3 == 2;
+    c.page_size = std::vector<int>{0, 16, 1, 0, 256, 16, 0, 3}[size_t(i)];
+    c.leftpad = i == 4;
+    c.batch_idx = i == 6;
+    if (i == 5 || i == 7) c.sq = 4, c.s_new = c.s_new ? 4 : 0, c.f = causal();
+    if (!c.fp8_q && (i == 1 || i == 5)) c.rotary = Rotary::neox, c.rotary_dim = 32;
+    if (i == 0) c.f = with_softcap(with_alibi(Features{}, Alibi::per_head), 30.0f);
+    c.num_splits = i == 3 ? 5 : 0;
+    add(c);
+  }
   return v;
 }
 
@@ -597,6 +647,12 @@ std::vector<KVCase> kvcache_split_cases(Device device) {
   for (int d : {59, 111}) {  // staged on CUDA (head dim not a multiple of 8)
     KVCase c = decode(device, DType::bf16, 2, 4, 1, d, 799, 1);
     c.f = causal();
+    add(c);
+  }
+  {
+    KVCase c = decode(device, DType::bf16, 2, 8, 2, 128, 799, 1);  // FP8 cache
+    c.fp8_cache = Fp8::per_head;
+    c.page_size = 16;
     add(c);
   }
   return v;
@@ -640,6 +696,11 @@ std::vector<KVCase> kvcache_paging_cases(Device device) {
     c.f = causal();
     c.rotary = Rotary::neox;
     c.rotary_dim = 58;
+    add(c);
+  }
+  {
+    KVCase c = decode(device, DType::bf16, 2, 8, 2, 128, 339, 1);  // FP8 cache
+    c.fp8_cache = Fp8::per_head;
     add(c);
   }
   return v;

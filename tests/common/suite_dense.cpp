@@ -7,7 +7,7 @@ namespace fa_test {
 
 namespace {
 
-constexpr uint64_t kSeedQ = 101, kSeedK = 102, kSeedV = 103, kSeedAlibi = 104;
+constexpr uint64_t kSeedQ = 101, kSeedK = 102, kSeedV = 103, kSeedAlibi = 104, kSeedFp8 = 105;
 
 // The element views of q, k, v and out, and whether q/k/v share one buffer.
 struct DenseViews {
@@ -45,9 +45,12 @@ DenseViews views_of(const DenseCase& c) {
 }
 
 void run_dense(const DenseCase& c) {
-  const std::vector<double> q = random_normal(int64_t(c.b) * c.sq * c.h * c.d, kSeedQ, c.dtype);
-  const std::vector<double> k = random_normal(int64_t(c.b) * c.sk * c.hk * c.d, kSeedK, c.dtype);
-  const std::vector<double> v = random_normal(int64_t(c.b) * c.sk * c.hk * c.d, kSeedV, c.dtype);
+  // stored values (e4m3 numbers for an FP8 case, scaled by fp8's factors)
+  const DType in = c.fp8 != Fp8::none ? DType::e4m3 : c.dtype;
+  const std::vector<double> q = random_normal(int64_t(c.b) * c.sq * c.h * c.d, kSeedQ, in);
+  const std::vector<double> k = random_normal(int64_t(c.b) * c.sk * c.hk * c.d, kSeedK, in);
+  const std::vector<double> v = random_normal(int64_t(c.b) * c.sk * c.hk * c.d, kSeedV, in);
+  const Fp8Scales fp8 = make_fp8_scales(c.fp8, c.b, c.hk, c.device, kSeedFp8);
   const DenseViews w = views_of(c);
 
   // inputs on the device (gaps between view elements stay NaN)
@@ -55,17 +58,18 @@ void run_dense(const DenseCase& c) {
   scatter(qbuf, w.q, q);
   scatter(w.shared ? qbuf : kbuf, w.k, k);
   scatter(w.shared ? qbuf : vbuf, w.v, v);
-  const Buffer dq = to_device(qbuf, c.dtype, c.device);
-  const Buffer dk = w.shared ? Buffer() : to_device(kbuf, c.dtype, c.device);
-  const Buffer dv = w.shared ? Buffer() : to_device(vbuf, c.dtype, c.device);
+  const Buffer dq = to_device(qbuf, in, c.device);
+  const Buffer dk = w.shared ? Buffer() : to_device(kbuf, in, c.device);
+  const Buffer dv = w.shared ? Buffer() : to_device(vbuf, in, c.device);
   const Buffer dout = poisoned(c.dtype, w.out.extent(), c.device);
   const Buffer dlse = poisoned(DType::f32, int64_t(c.b) * c.h * c.sq, c.device);
   const AlibiData alibi = make_alibi(c.f.alibi, c.b, c.h, c.device, kSeedAlibi);
 
   const Tensor lse = c.f.lse ? f32_vector(dlse, {c.b, c.h, c.sq}) : Tensor{};
-  const flashattn::AttentionOptions opts = api_options(c.f, alibi, c.b, lse);
-  flashattn::forward(tensor_of(dq, c.dtype, w.q), tensor_of(w.shared ? dq : dk, c.dtype, w.k),
-                     tensor_of(w.shared ? dq : dv, c.dtype, w.v), tensor_of(dout, c.dtype, w.out),
+  flashattn::AttentionOptions opts = api_options(c.f, alibi, c.b, lse);
+  fp8.set_options(opts, true);
+  flashattn::forward(tensor_of(dq, in, w.q), tensor_of(w.shared ? dq : dk, in, w.k),
+                     tensor_of(w.shared ? dq : dv, in, w.v), tensor_of(dout, c.dtype, w.out),
                      opts);
 
   // implementation results
@@ -79,8 +83,10 @@ void run_dense(const DenseCase& c) {
   std::vector<double> lse64(lse_impl.size()), lse_lowp(lse_impl.size());
   const int64_t q_batch = int64_t(c.sq) * c.h * c.d, k_batch = int64_t(c.sk) * c.hk * c.d;
   for (int b = 0; b < c.b; ++b) {
-    const OracleOut r = run_oracle(c.dtype, q.data() + b * q_batch, k.data() + b * k_batch,
-                                   v.data() + b * k_batch, c.sq, c.sk, c.h, c.hk, c.d,
+    const std::vector<double> qb = fp8.descaled(fp8.q, q.data() + b * q_batch, c.sq, c.h, c.d, b);
+    const std::vector<double> kb = fp8.descaled(fp8.k, k.data() + b * k_batch, c.sk, c.hk, c.d, b);
+    const std::vector<double> vb = fp8.descaled(fp8.v, v.data() + b * k_batch, c.sk, c.hk, c.d, b);
+    const OracleOut r = run_oracle(c.dtype, qb.data(), kb.data(), vb.data(), c.sq, c.sk, c.h, c.hk, c.d,
                                    ref_options(c.f, alibi, b));
     place_out(out64, r.out64, int64_t(b) * c.sq, c.sq, c.h, c.d);
     place_out(out_lowp, r.out_lowp, int64_t(b) * c.sq, c.sq, c.h, c.d);
@@ -88,6 +94,9 @@ void run_dense(const DenseCase& c) {
     place_lse(lse_lowp, r.lse_lowp, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
   }
   EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
+  if (c.fp8 != Fp8::none) {
+    EXPECT_TRUE(fp8_output_within_bound(out, out64));
+  }
   if (c.f.lse) {
     EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));
   }

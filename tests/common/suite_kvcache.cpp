@@ -16,6 +16,7 @@ namespace {
 
 constexpr uint64_t kSeedQ = 301, kSeedKNew = 302, kSeedVNew = 303, kSeedCacheK = 304;
 constexpr uint64_t kSeedCacheV = 305, kSeedAlibi = 306, kSeedLengths = 307, kSeedLayout = 308;
+constexpr uint64_t kSeedFp8 = 309;
 constexpr double kRotaryBase = 10000.0;
 // Cache rows / pages no sequence owns (NaN-filled), so that a wrong row or page shows.
 constexpr int kSpareCacheRows = 2;
@@ -40,7 +41,29 @@ struct KVProblem {
   std::vector<double> cos, sin;                // (max_pos, rotary_dim / 2)
   std::vector<double> out64, out_lowp, lse64, lse_lowp;
   AlibiData alibi;
+  Fp8Scales fp8;  // the stored q (fp8_q) and caches (fp8_cache) times these are the real values
 };
+
+// Storage of q and of the caches: e4m3 in an FP8 case, else dtype (k_new, v_new and out).
+DType q_storage(const KVCase& c) { return c.fp8_q ? DType::e4m3 : c.dtype; }
+DType cache_storage_type(const KVCase& c) { return c.fp8_cache != Fp8::none ? DType::e4m3 : c.dtype; }
+
+// New rows (rows, hk, d) of sequence b as an e4m3 cache stores them: x / descale in fp32,
+// to the nearest e4m3 (saturated); as they are in a cache of dtype.
+std::vector<double> stored_in_cache(const KVCase& c, const KVProblem& p, const std::vector<double>& factors,
+                                    std::vector<double> x, int rows, int b) {
+  if (c.fp8_cache == Fp8::none) return x;
+  for (int r = 0; r < rows; ++r) {
+    for (int hk = 0; hk < c.hk; ++hk) {
+      const float descale = float(p.fp8.at(factors, b, hk));
+      for (int i = 0; i < c.d; ++i) {
+        double& e = x[(size_t(r) * size_t(c.hk) + size_t(hk)) * size_t(c.d) + size_t(i)];
+        e = round_to(DType::e4m3, double(float(e) / descale));
+      }
+    }
+  }
+  return x;
+}
 
 std::vector<double> rotary_table(int max_pos, int rotary_dim, DType dtype, bool sine) {
   const int half = rotary_dim / 2;
@@ -67,7 +90,8 @@ std::vector<double> rotated(const KVCase& c, const KVProblem& p, const double* x
 KVProblem make_problem(const KVCase& c, Device device) {
   KVProblem p;
   const int64_t row = int64_t(c.hk) * c.d;
-  p.q = random_normal(int64_t(c.b) * c.sq * c.h * c.d, kSeedQ + c.seed, c.dtype);
+  p.fp8 = make_fp8_scales(c.fp8_cache, c.b, c.hk, device, kSeedFp8 + c.seed);
+  p.q = random_normal(int64_t(c.b) * c.sq * c.h * c.d, kSeedQ + c.seed, q_storage(c));
   p.k_new = random_normal(int64_t(c.b) * c.s_new * row, kSeedKNew + c.seed, c.dtype);
   p.v_new = random_normal(int64_t(c.b) * c.s_new * row, kSeedVNew + c.seed, c.dtype);
   std::mt19937_64 rng(kSeedLengths + c.seed);
@@ -86,8 +110,8 @@ KVProblem make_problem(const KVCase& c, Device device) {
   for (int b = 0; b < c.b; ++b) {
     std::vector<double> k(size_t(c.capacity * row), kNaN), v = k;
     const int lo = p.leftpad[size_t(b)], hi = p.seqlens[size_t(b)];
-    const std::vector<double> kr = random_normal((hi - lo) * row, kSeedCacheK + c.seed * 131 + uint64_t(b), c.dtype);
-    const std::vector<double> vr = random_normal((hi - lo) * row, kSeedCacheV + c.seed * 131 + uint64_t(b), c.dtype);
+    const std::vector<double> kr = random_normal((hi - lo) * row, kSeedCacheK + c.seed * 131 + uint64_t(b), cache_storage_type(c));
+    const std::vector<double> vr = random_normal((hi - lo) * row, kSeedCacheV + c.seed * 131 + uint64_t(b), cache_storage_type(c));
     std::copy(kr.begin(), kr.end(), k.begin() + lo * row);
     std::copy(vr.begin(), vr.end(), v.begin() + lo * row);
     p.k0.push_back(k);
@@ -121,13 +145,19 @@ KVProblem make_problem(const KVCase& c, Device device) {
       k_add = rotated(c, p, k_add.data(), c.s_new, c.hk, kpos);
       q_eff = rotated(c, p, q_eff.data(), c.sq, c.h, qpos);
     }
+    k_add = stored_in_cache(c, p, p.fp8.k, k_add, c.s_new, b);
+    const std::vector<double> v_add = stored_in_cache(
+        c, p, p.fp8.v, std::vector<double>(p.v_new.begin() + b * new_batch, p.v_new.begin() + (b + 1) * new_batch),
+        c.s_new, b);
     std::copy(k_add.begin(), k_add.end(), kb.begin() + len * row);
-    std::copy(p.v_new.begin() + b * new_batch, p.v_new.begin() + (b + 1) * new_batch,
-              vb.begin() + len * row);
+    std::copy(v_add.begin(), v_add.end(), vb.begin() + len * row);
     const int lo = p.leftpad[size_t(b)], hi = len + c.s_new;
-    const OracleOut r = run_oracle(c.dtype, q_eff.data(), kb.data() + lo * row,
-                                   vb.data() + lo * row, c.sq, hi - lo, c.h, c.hk, c.d,
-                                   ref_options(c.f, p.alibi, b));
+    // the oracle sees the real values: stored x descale (FP8)
+    const std::vector<double> k_real = p.fp8.descaled(p.fp8.k, kb.data() + lo * row, hi - lo, c.hk, c.d, b);
+    const std::vector<double> v_real = p.fp8.descaled(p.fp8.v, vb.data() + lo * row, hi - lo, c.hk, c.d, b);
+    if (c.fp8_q) q_eff = p.fp8.descaled(p.fp8.q, q_eff.data(), c.sq, c.h, c.d, b);
+    const OracleOut r = run_oracle(c.dtype, q_eff.data(), k_real.data(), v_real.data(), c.sq, hi - lo, c.h,
+                                   c.hk, c.d, ref_options(c.f, p.alibi, b));
     place_out(p.out64, r.out64, int64_t(b) * c.sq, c.sq, c.h, c.d);
     place_out(p.out_lowp, r.out_lowp, int64_t(b) * c.sq, c.sq, c.h, c.d);
     place_lse(p.lse64, r.lse64, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
@@ -183,6 +213,11 @@ std::vector<double> physical(const KVCase& c, const CacheStorage& s,
 
 // One unit in the last place of x in the storage type.
 double ulp(DType dtype, double x) {
+  if (dtype == DType::e4m3) {  // 3 mantissa bits, normal from 2^-6, subnormal step 2^-9
+    int e = 0;
+    std::frexp(x, &e);
+    return std::ldexp(1.0, std::max(e - 1, -6) - 3);
+  }
   const int precision = dtype == DType::bf16 ? 8 : (dtype == DType::f16 ? 11 : 24);
   if (x == 0.0) return std::ldexp(1.0, dtype == DType::f16 ? -24 : -133);
   int e;
@@ -219,8 +254,9 @@ struct KVImpl {
 KVImpl run_impl(const KVCase& c, const KVProblem& p) {
   const CacheStorage s = cache_storage(c);
   const std::vector<double> kphys = physical(c, s, p.k0), vphys = physical(c, s, p.v0);
-  const Buffer dkc = to_device(kphys, c.dtype, c.device);
-  const Buffer dvc = to_device(vphys, c.dtype, c.device);
+  const DType cache_type = cache_storage_type(c), q_type = q_storage(c);
+  const Buffer dkc = to_device(kphys, cache_type, c.device);
+  const Buffer dvc = to_device(vphys, cache_type, c.device);
 
   // q, k_new, v_new: contiguous, or slices of one (b, s, h + 2 hk, d) buffer
   View qv = contiguous_view({c.b, c.sq, c.h, c.d});
@@ -236,7 +272,7 @@ KVImpl run_impl(const KVCase& c, const KVProblem& p) {
   scatter(qbuf, qv, p.q);
   scatter(packed ? qbuf : knbuf, knv, p.k_new);
   scatter(packed ? qbuf : vnbuf, vnv, p.v_new);
-  const Buffer dq = to_device(qbuf, c.dtype, c.device);
+  const Buffer dq = to_device(qbuf, q_type, c.device);
   const Buffer dkn = packed ? Buffer() : to_device(knbuf, c.dtype, c.device);
   const Buffer dvn = packed ? Buffer() : to_device(vnbuf, c.dtype, c.device);
   const std::vector<uint8_t> q_before = dq.raw(), kn_before = dkn.raw(), vn_before = dvn.raw();
@@ -251,11 +287,11 @@ KVImpl run_impl(const KVCase& c, const KVProblem& p) {
 
   Tensor kc, vc;
   if (c.page_size > 0) {
-    kc = Tensor::contiguous(dkc.data(), c.dtype, {s.num_pages, c.page_size, c.hk, c.d}, c.device);
-    vc = Tensor::contiguous(dvc.data(), c.dtype, {s.num_pages, c.page_size, c.hk, c.d}, c.device);
+    kc = Tensor::contiguous(dkc.data(), cache_type, {s.num_pages, c.page_size, c.hk, c.d}, c.device);
+    vc = Tensor::contiguous(dvc.data(), cache_type, {s.num_pages, c.page_size, c.hk, c.d}, c.device);
   } else {
-    kc = Tensor::contiguous(dkc.data(), c.dtype, {s.cache_batch, c.capacity, c.hk, c.d}, c.device);
-    vc = Tensor::contiguous(dvc.data(), c.dtype, {s.cache_batch, c.capacity, c.hk, c.d}, c.device);
+    kc = Tensor::contiguous(dkc.data(), cache_type, {s.cache_batch, c.capacity, c.hk, c.d}, c.device);
+    vc = Tensor::contiguous(dvc.data(), cache_type, {s.cache_batch, c.capacity, c.hk, c.d}, c.device);
   }
   flashattn::KVCacheArgs args;
   if (c.with_seqlens) args.cache_seqlens = i32_tensor(dseqlens, {c.b});
@@ -273,8 +309,9 @@ KVImpl run_impl(const KVCase& c, const KVProblem& p) {
   }
   args.num_splits = c.num_splits;
   const Tensor lse = c.f.lse ? f32_vector(dlse, {c.b, c.h, c.sq}) : Tensor{};
-  const flashattn::AttentionOptions opts = api_options(c.f, p.alibi, c.b, lse);
-  const Tensor qt = tensor_of(dq, c.dtype, qv);
+  flashattn::AttentionOptions opts = api_options(c.f, p.alibi, c.b, lse);
+  p.fp8.set_options(opts, c.fp8_q);
+  const Tensor qt = tensor_of(dq, q_type, qv);
   Buffer workspace;
   if (c.caller_workspace) {
     const flashattn::Plan plan = flashattn::plan_kvcache(qt, kc, vc, args, opts);
@@ -294,9 +331,9 @@ KVImpl run_impl(const KVCase& c, const KVProblem& p) {
   if (c.rotary != Rotary::none) {
     for (double x : p.k_new) rotary_magnitude = std::max(rotary_magnitude, std::fabs(x));
   }
-  EXPECT_TRUE(cache_matches("k_cache", from_device(dkc, c.dtype), physical(c, s, p.k1), c.dtype,
+  EXPECT_TRUE(cache_matches("k_cache", from_device(dkc, cache_type), physical(c, s, p.k1), cache_type,
                             rotary_magnitude));
-  EXPECT_TRUE(cache_matches("v_cache", from_device(dvc, c.dtype), physical(c, s, p.v1), c.dtype, 0.0));
+  EXPECT_TRUE(cache_matches("v_cache", from_device(dvc, cache_type), physical(c, s, p.v1), cache_type, 0.0));
   EXPECT_TRUE(dq.raw() == q_before) << "q (or the packed qkv buffer) was modified";
   EXPECT_TRUE(dkn.raw() == kn_before) << "k_new was modified";
   EXPECT_TRUE(dvn.raw() == vn_before) << "v_new was modified";
@@ -305,6 +342,9 @@ KVImpl run_impl(const KVCase& c, const KVProblem& p) {
 
 void check_against_oracle(const KVCase& c, const KVProblem& p, const KVImpl& r) {
   EXPECT_TRUE(outputs_close("out", r.out, p.out64, p.out_lowp, c.dtype)) << c.name();
+  if (c.fp8_cache != Fp8::none) {
+    EXPECT_TRUE(fp8_output_within_bound(r.out, p.out64)) << c.name();
+  }
   if (c.f.lse) {
     EXPECT_TRUE(lse_close("softmax_lse", r.lse, p.lse64, p.lse_lowp, c.dtype)) << c.name();
   }

@@ -12,7 +12,7 @@ namespace fa_test {
 namespace {
 
 constexpr uint64_t kSeedQ = 201, kSeedKeys = 202, kSeedValues = 203, kSeedAlibi = 204;
-constexpr uint64_t kSeedLengths = 205, kSeedPages = 206;
+constexpr uint64_t kSeedLengths = 205, kSeedPages = 206, kSeedFp8 = 207;
 // Unowned pages in the pool (NaN-filled): a walk past a sequence's pages reads NaN.
 constexpr int kSparePages = 2;
 
@@ -44,6 +44,9 @@ void run_varlen(const VarlenCase& c) {
   const int max_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
   const int max_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
   const KeyWindow win = key_windows(c);
+  // stored values (e4m3 numbers for an FP8 case, scaled by fp8's factors)
+  const DType in = c.fp8 != Fp8::none ? DType::e4m3 : c.dtype;
+  const Fp8Scales fp8 = make_fp8_scales(c.fp8, batch, c.hk, c.device, kSeedFp8);
 
   // K/V storage: packed rows, or pages
   KVLayout layout;
@@ -69,11 +72,12 @@ void run_varlen(const VarlenCase& c) {
     const int n = win.end[size_t(b)] - win.start[size_t(b)];
     const int64_t count = int64_t(n) * c.hk * c.d;
     scatter_keys(layout, krows, b, win.start[size_t(b)], win.end[size_t(b)],
-                 random_normal(count, kSeedKeys + uint64_t(b), c.dtype));
+                 random_normal(count, kSeedKeys + uint64_t(b), in));
     scatter_keys(layout, vrows, b, win.start[size_t(b)], win.end[size_t(b)],
-                 random_normal(count, kSeedValues + uint64_t(b), c.dtype));
+                 random_normal(count, kSeedValues + uint64_t(b), in));
   }
-  const std::vector<double> q = random_normal(int64_t(total_q) * c.h * c.d, kSeedQ, c.dtype);
+  const DType q_in = c.fp8_kv_only ? c.dtype : in;
+  const std::vector<double> q = random_normal(int64_t(total_q) * c.h * c.d, kSeedQ, q_in);
 
   // element views: contiguous, or with NaN-filled gaps after each head / row / page
   const bool padded = c.layout == Layout::padded;
@@ -94,9 +98,9 @@ void run_varlen(const VarlenCase& c) {
   scatter(vbuf, kview, vrows);
 
   // device buffers
-  const Buffer dq = to_device(qbuf, c.dtype, c.device);
-  const Buffer dk = to_device(kbuf, c.dtype, c.device);
-  const Buffer dv = to_device(vbuf, c.dtype, c.device);
+  const Buffer dq = to_device(qbuf, q_in, c.device);
+  const Buffer dk = to_device(kbuf, in, c.device);
+  const Buffer dv = to_device(vbuf, in, c.device);
   const Buffer dout = poisoned(c.dtype, ov.extent(), c.device);
   const Buffer dlse = poisoned(DType::f32, int64_t(c.h) * total_q, c.device);
   const Buffer dcu_q = to_device_i32(cu_q, c.device), dcu_k = to_device_i32(cu_k, c.device);
@@ -114,9 +118,10 @@ void run_varlen(const VarlenCase& c) {
   if (c.leftpad_k) args.leftpad_k = i32_tensor(dpad, {batch});
   if (c.page_size > 0) args.block_table = i32_tensor(dtable, {batch, layout.max_pages});
   const Tensor lse = c.f.lse ? f32_vector(dlse, {c.h, total_q}) : Tensor{};
-  const flashattn::AttentionOptions opts = api_options(c.f, alibi, batch, lse);
-  flashattn::forward_varlen(tensor_of(dq, c.dtype, qv), tensor_of(dk, c.dtype, kview),
-                            tensor_of(dv, c.dtype, kview), tensor_of(dout, c.dtype, ov), args, opts);
+  flashattn::AttentionOptions opts = api_options(c.f, alibi, batch, lse);
+  fp8.set_options(opts, !c.fp8_kv_only);
+  flashattn::forward_varlen(tensor_of(dq, q_in, qv), tensor_of(dk, in, kview),
+                            tensor_of(dv, in, kview), tensor_of(dout, c.dtype, ov), args, opts);
   const std::vector<double> out_all = from_device(dout, c.dtype);
   EXPECT_TRUE(poison_outside_view_intact(out_all, ov)) << "out: wrote outside its view";
   const std::vector<double> out = gather(out_all, ov);
@@ -128,10 +133,12 @@ void run_varlen(const VarlenCase& c) {
   for (int b = 0; b < batch; ++b) {
     const int sq = c.seqlens_q[size_t(b)];
     const int p0 = win.start[size_t(b)], p1 = win.end[size_t(b)];
-    const std::vector<double> kb = gather_keys(layout, krows, b, p0, p1);
-    const std::vector<double> vb = gather_keys(layout, vrows, b, p0, p1);
-    const OracleOut r = run_oracle(c.dtype, q.data() + int64_t(cu_q[size_t(b)]) * c.h * c.d,
-                                   kb.data(), vb.data(), sq, p1 - p0, c.h, c.hk, c.d,
+    const std::vector<double> kb = fp8.descaled(fp8.k, gather_keys(layout, krows, b, p0, p1).data(), p1 - p0, c.hk, c.d, b);
+    const std::vector<double> vb = fp8.descaled(fp8.v, gather_keys(layout, vrows, b, p0, p1).data(), p1 - p0, c.hk, c.d, b);
+    const double* q_rows = q.data() + int64_t(cu_q[size_t(b)]) * c.h * c.d;
+    const std::vector<double> qb =
+        c.fp8_kv_only ? std::vector<double>(q_rows, q_rows + int64_t(sq) * c.h * c.d) : fp8.descaled(fp8.q, q_rows, sq, c.h, c.d, b);
+    const OracleOut r = run_oracle(c.dtype, qb.data(), kb.data(), vb.data(), sq, p1 - p0, c.h, c.hk, c.d,
                                    ref_options(c.f, alibi, b));
     place_out(out64, r.out64, cu_q[size_t(b)], sq, c.h, c.d);
     place_out(out_lowp, r.out_lowp, cu_q[size_t(b)], sq, c.h, c.d);
@@ -139,6 +146,9 @@ void run_varlen(const VarlenCase& c) {
     place_lse(lse_lowp, r.lse_lowp, cu_q[size_t(b)], total_q, sq, c.h);
   }
   EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
+  if (c.fp8 != Fp8::none) {
+    EXPECT_TRUE(fp8_output_within_bound(out, out64));
+  }
   if (c.f.lse) {
     EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));
   }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -44,6 +46,15 @@ std::string Features::name() const {
 }
 
 namespace {
+const char* fp8_name(Fp8 fp8) {
+  switch (fp8) {
+    case Fp8::none: return "";
+    case Fp8::per_tensor: return "_e4m3_scalar";
+    case Fp8::per_head: return "_e4m3_per_head";
+  }
+  return "";
+}
+
 const char* layout_name(Layout l) {
   switch (l) {
     case Layout::contiguous: return "";
@@ -62,7 +73,7 @@ std::string lengths(const std::vector<int>& v) {
 std::string DenseCase::name() const {
   std::ostringstream os;
   os << short_name(dtype) << "_b" << b << "_sq" << sq << "_sk" << sk << "_h" << h << "_hk" << hk
-     << "_d" << d << f.name() << layout_name(layout);
+     << "_d" << d << f.name() << layout_name(layout) << fp8_name(fp8);
   return sanitize(os.str());
 }
 
@@ -73,7 +84,8 @@ std::string VarlenCase::name() const {
   if (seqused_k) os << "_seqused";
   if (leftpad_k) os << "_leftpad";
   if (page_size > 0) os << "_page" << page_size;
-  os << layout_name(layout);
+  os << layout_name(layout) << fp8_name(fp8);
+  if (fp8_kv_only) os << "_kv_only";
   return sanitize(os.str());
 }
 
@@ -90,7 +102,8 @@ std::string KVCase::name() const {
   if (rotary == Rotary::neox) os << "_ropeN" << rotary_dim;
   os << "_splits" << num_splits;
   if (caller_workspace) os << "_ws";
-  os << layout_name(layout) << f.name();
+  os << layout_name(layout) << f.name() << fp8_name(fp8_cache);
+  if (fp8_q) os << "_q_e4m3";
   return sanitize(os.str());
 }
 
@@ -119,6 +132,73 @@ AlibiData make_alibi(Alibi kind, int batch, int heads, Device device, uint64_t s
   for (double& s : a.slopes) s = double(float(dist(rng)));
   a.buffer = to_device(a.slopes, DType::f32, device);
   return a;
+}
+
+// ---- FP8 ---------------------------------------------------------------------------------
+
+namespace {
+// Descale factors are drawn from these (exact in fp32, spanning 4x).
+constexpr double kFp8Factors[] = {0.5, 0.75, 1.0, 1.25, 1.5, 2.0};
+}  // namespace
+
+double Fp8Scales::at(const std::vector<double>& factors, int b, int hk) const {
+  if (kind == Fp8::none) return 1.0;
+  return kind == Fp8::per_tensor ? factors[0] : factors[size_t(b) * size_t(heads_k) + size_t(hk)];
+}
+
+std::vector<double> Fp8Scales::descaled(const std::vector<double>& factors, const double* x, int64_t rows,
+                                        int heads, int d, int b) const {
+  std::vector<double> y(x, x + rows * heads * d);
+  const int group = heads / heads_k;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const double f = at(factors, b, h / group);
+      for (int c = 0; c < d; ++c) y[size_t((r * heads + h) * d + c)] *= f;
+    }
+  }
+  return y;
+}
+
+void Fp8Scales::set_options(flashattn::AttentionOptions& o, bool with_q) const {
+  if (kind == Fp8::none) return;
+  const auto tensor = [&](const Buffer& buf) {
+    return kind == Fp8::per_tensor ? f32_vector(buf, {1}) : f32_vector(buf, {batch, heads_k});
+  };
+  if (with_q) o.q_descale = tensor(q_buffer);
+  o.k_descale = tensor(k_buffer);
+  o.v_descale = tensor(v_buffer);
+}
+
+Fp8Scales make_fp8_scales(Fp8 kind, int batch, int heads_k, Device device, uint64_t seed) {
+  Fp8Scales s;
+  s.kind = kind;
+  s.batch = batch;
+  s.heads_k = heads_k;
+  if (kind == Fp8::none) return s;
+  const size_t n = kind == Fp8::per_tensor ? 1 : size_t(batch) * size_t(heads_k);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> pick(0, std::size(kFp8Factors) - 1);
+  for (std::vector<double>* factors : {&s.q, &s.k, &s.v}) {
+    factors->resize(n);
+    for (double& f : *factors) f = kFp8Factors[pick(rng)];
+  }
+  s.q_buffer = to_device(s.q, DType::f32, device);
+  s.k_buffer = to_device(s.k, DType::f32, device);
+  s.v_buffer = to_device(s.v, DType::f32, device);
+  return s;
+}
+
+::testing::AssertionResult fp8_output_within_bound(const std::vector<double>& impl,
+                                                   const std::vector<double>& ref64) {
+  double worst = 0.0, magnitude = 0.0;
+  for (size_t i = 0; i < ref64.size(); ++i) {
+    magnitude = std::max(magnitude, std::fabs(ref64[i]));
+    const double err = std::fabs(impl[i] - ref64[i]);
+    if (!(err <= worst)) worst = err;  // NaN counts as the worst
+  }
+  if (worst <= kFp8OutputBound * magnitude) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "FP8 output: max abs error " << worst << " > " << kFp8OutputBound
+                                       << " x max|ref| " << magnitude;
 }
 
 flashattn::AttentionOptions api_options(const Features& f, const AlibiData& alibi, int batch,

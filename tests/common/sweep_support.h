@@ -18,6 +18,30 @@ struct AlibiData {
 
 AlibiData make_alibi(Alibi kind, int batch, int heads, Device device, uint64_t seed);
 
+// The descale factors of an FP8 case, exact in fp32: q, k and v, each one scalar (per_tensor)
+// or one per (batch, KV head).
+struct Fp8Scales {
+  Fp8 kind = Fp8::none;
+  int batch = 0, heads_k = 0;
+  std::vector<double> q, k, v;  // (1) or (batch * heads_k)
+  Buffer q_buffer, k_buffer, v_buffer;
+
+  double at(const std::vector<double>& factors, int b, int hk) const;
+  // Rows (rows, heads, d) of sequence b times their factors: head h has KV head
+  // h / (heads / heads_k). Identity without FP8.
+  std::vector<double> descaled(const std::vector<double>& factors, const double* x, int64_t rows,
+                               int heads, int d, int b) const;
+  // Sets q_descale (with_q) and k_descale / v_descale on the options.
+  void set_options(flashattn::AttentionOptions& o, bool with_q) const;
+};
+Fp8Scales make_fp8_scales(Fp8 kind, int batch, int heads_k, Device device, uint64_t seed);
+
+// An FP8 output's stated bound, beside the pass rule of its output type: max|impl - f64| <=
+// kFp8OutputBound x max|f64| (docs/DECISIONS.md D-64).
+constexpr double kFp8OutputBound = 2e-2;
+::testing::AssertionResult fp8_output_within_bound(const std::vector<double>& impl,
+                                                   const std::vector<double>& ref64);
+
 flashattn::AttentionOptions api_options(const Features& f, const AlibiData& alibi, int batch,
                                         const Tensor& lse);
 flashattn_ref::Options ref_options(const Features& f, const AlibiData& alibi, int b);

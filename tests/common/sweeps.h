@@ -18,6 +18,9 @@ enum class Rotary { none, interleaved, neox };
 // row and batch entry, NaN-filled); q (and k, v / k_new, v_new) as slices of one packed
 // qkv buffer.
 enum class Layout { contiguous, padded, qkv_packed };
+// FP8 (e4m3) storage: none; with one descale factor per tensor (a scalar); with one per (batch,
+// KV head). The stored values are e4m3 numbers, the real ones stored x descale.
+enum class Fp8 { none, per_tensor, per_head };
 
 // Mask, score and output options every sweep shares.
 struct Features {
@@ -39,6 +42,7 @@ struct DenseCase {
   int b = 1, sq = 1, sk = 1, h = 1, hk = 1, d = 64;
   Features f;
   Layout layout = Layout::contiguous;
+  Fp8 fp8 = Fp8::none;  // q, k, v in e4m3 (out in dtype, bf16)
   std::string name() const;
 };
 
@@ -52,6 +56,8 @@ struct VarlenCase {
   bool leftpad_k = false;  // ignore a few keys at the left
   int page_size = 0;       // > 0: paged K/V through a shuffled block_table
   Layout layout = Layout::contiguous;  // padded: q, k, v, out with NaN-filled gaps
+  Fp8 fp8 = Fp8::none;     // q, k, v in e4m3 (out in dtype, bf16)
+  bool fp8_kv_only = false;  // with fp8 and pages: q in dtype, only the paged K/V in e4m3
   std::string name() const;
 };
 
@@ -71,6 +77,8 @@ struct KVCase {
   int num_splits = 0;
   bool caller_workspace = false;   // pass a workspace of plan_kvcache(...).workspace_bytes
   Layout layout = Layout::contiguous;  // qkv_packed: q, k_new, v_new slices of one buffer
+  Fp8 fp8_cache = Fp8::none;       // k_cache / v_cache in e4m3 (k_new, v_new quantized into them)
+  bool fp8_q = false;              // q in e4m3 too (with fp8_cache; dtype bf16)
   Features f;
   uint64_t seed = 1;
   std::string name() const;

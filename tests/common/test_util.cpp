@@ -57,7 +57,52 @@ flashattn_ref::Storage storage_of(DType dtype) {
   }
 }
 
-double round_to(DType dtype, double x) { return flashattn_ref::round_to(storage_of(dtype), x); }
+// e4m3 (float8_e4m3fn): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, 0x7f/0xff
+// NaN, largest finite 448, smallest normal 2^-6, subnormal step 2^-9.
+namespace {
+constexpr int kE4m3Bias = 7, kE4m3MantissaBits = 3, kE4m3MinExponent = -6;
+constexpr double kE4m3Max = 448.0;
+constexpr uint8_t kE4m3NaN = 0x7f;
+
+// Nearest e4m3 value, ties to the even mantissa, saturated at +-448 (the library's contract).
+double round_to_e4m3(double x) {
+  if (std::isnan(x)) return x;
+  const double a = std::fabs(x);
+  if (a >= kE4m3Max) return std::copysign(kE4m3Max, x);
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): unit exponent e - 1
+  const double step = std::ldexp(1.0, std::max(e - 1, kE4m3MinExponent) - kE4m3MantissaBits);
+  return std::copysign(std::nearbyint(a / step) * step, x);  // nearbyint: ties to even
+}
+
+uint8_t e4m3_bits(double x) {
+  if (std::isnan(x)) return kE4m3NaN;
+  const double r = round_to_e4m3(x);
+  const uint8_t sign = std::signbit(r) ? uint8_t(0x80) : uint8_t(0);
+  const double a = std::fabs(r);
+  if (a < std::ldexp(1.0, kE4m3MinExponent)) {  // subnormal (or zero): a / 2^-9
+    return uint8_t(sign | uint8_t(std::ldexp(a, kE4m3Bias - 1 + kE4m3MantissaBits)));
+  }
+  int e = 0;
+  const double m = std::frexp(a, &e);
+  const int mantissa = int(std::ldexp(m * 2.0 - 1.0, kE4m3MantissaBits));
+  return uint8_t(sign | ((e - 1 + kE4m3Bias) << kE4m3MantissaBits) | mantissa);
+}
+
+double from_e4m3_bits(uint8_t bits) {
+  if ((bits & 0x7f) == kE4m3NaN) return kNaN;
+  const int biased = (bits >> kE4m3MantissaBits) & 0xf;
+  const int mantissa = bits & 0x7;
+  const double value = biased == 0 ? std::ldexp(double(mantissa), 1 - kE4m3Bias - kE4m3MantissaBits)
+                                   : std::ldexp(1.0 + mantissa / 8.0, biased - kE4m3Bias);
+  return (bits & 0x80) ? -value : value;
+}
+}  // namespace
+
+double round_to(DType dtype, double x) {
+  if (dtype == DType::e4m3) return round_to_e4m3(x);
+  return flashattn_ref::round_to(storage_of(dtype), x);
+}
 
 const char* short_name(DType dtype) {
   switch (dtype) {
@@ -65,11 +110,15 @@ const char* short_name(DType dtype) {
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
     case DType::i32: return "i32";
+    case DType::e4m3: return "e4m3";
   }
   return "?";
 }
 
-size_t element_size(DType dtype) { return (dtype == DType::f16 || dtype == DType::bf16) ? 2 : 4; }
+size_t element_size(DType dtype) {
+  if (dtype == DType::e4m3) return 1;
+  return (dtype == DType::f16 || dtype == DType::bf16) ? 2 : 4;
+}
 
 // Encodes a value that is exactly representable after rounding: sign, biased exponent and
 // mantissa computed from frexp, subnormals and infinities included.
@@ -244,6 +293,9 @@ std::vector<uint8_t> encode(const std::vector<double>& values, DType dtype) {
         std::memcpy(&bytes[4 * i], &x, 4);
         break;
       }
+      case DType::e4m3:
+        bytes[i] = e4m3_bits(values[i]);
+        break;
     }
   }
   return bytes;
@@ -278,6 +330,9 @@ std::vector<double> decode(const std::vector<uint8_t>& bytes, DType dtype) {
         values[i] = x;
         break;
       }
+      case DType::e4m3:
+        values[i] = from_e4m3_bits(bytes[i]);
+        break;
     }
   }
   return values;

@@ -129,10 +129,47 @@ TEST_P(ForwardRule, RejectsAndWritesNothing) {
 
 const Kind kInvalid = Kind::invalid_argument, kType = Kind::type_error;
 
+// FP8 (flashattn.h DType::e4m3): the tensor's bytes read as e4m3; a descale over `factors`.
+void as_e4m3(Tensor& t) { t.dtype = DType::e4m3; }
+Tensor descale(std::vector<float>& factors, std::initializer_list<int64_t> shape, DType dtype = DType::f32) {
+  return Tensor::contiguous(factors.data(), dtype, shape);
+}
+void make_fp8(DenseSetup& d) {  // q, k, v e4m3 with descales, out bf16
+  as_e4m3(d.q), as_e4m3(d.k), as_e4m3(d.v);
+  d.out.dtype = DType::bf16;
+  d.o.q_descale = descale(d.s.alibi, {1});
+  d.o.k_descale = descale(d.s.alibi, {kB, kHk});
+  d.o.v_descale = descale(d.s.alibi, {kB, kHk});
+}
+
+TEST(ForwardValidation, Fp8ValidBaseline) {
+  DenseSetup d;
+  make_fp8(d);
+  EXPECT_NO_THROW(d.call());
+  EXPECT_NE(d.s.out[0], 0x7e00) << "the valid call wrote its output";
+}
+
 std::vector<Rule> forward_rules() {
   auto cuda = [](Tensor& t) { t.device = Device::cuda; };
   return {
       {"QMissing", "q", kInvalid, [](DenseSetup& d) { d.q = Tensor{}; }},
+      // FP8
+      {"QDescaleWithoutFp8", "q_descale", kInvalid, [](DenseSetup& d) { d.o.q_descale = descale(d.s.alibi, {1}); }},
+      {"VDescaleWithoutFp8", "v_descale", kInvalid, [](DenseSetup& d) { d.o.v_descale = descale(d.s.alibi, {kB, kHk}); }},
+      {"Fp8OutNotBf16", "out", kType, [](DenseSetup& d) { make_fp8(d), d.out.dtype = DType::f16; }},
+      {"Fp8KVUnderF16Q", "k", kType, [](DenseSetup& d) { as_e4m3(d.k), as_e4m3(d.v); }},
+      {"Fp8VNotE4m3", "v", kType, [](DenseSetup& d) { make_fp8(d), d.v.dtype = DType::f16; }},
+      {"Fp8DescalePerQueryHead", "k_descale", kInvalid, [](DenseSetup& d) {
+         make_fp8(d), d.o.k_descale = descale(d.s.alibi, {kB, kH});
+       }},
+      {"Fp8DescaleNotFp32", "q_descale", kType, [](DenseSetup& d) {
+         make_fp8(d), d.o.q_descale = descale(d.s.alibi, {1}, DType::bf16);
+       }},
+      {"Fp8DescaleOtherDevice", "v_descale", kInvalid, [cuda](DenseSetup& d) { make_fp8(d), cuda(d.o.v_descale); }},
+      {"Fp8DescaleNullData", "q_descale", kInvalid, [](DenseSetup& d) { make_fp8(d), d.o.q_descale.data = nullptr; }},
+      {"Fp8OutOverlapsDescale", "out", kInvalid, [](DenseSetup& d) {
+         make_fp8(d), d.o.k_descale = Tensor::contiguous(d.s.out.data(), DType::f32, {1});
+       }},
       {"QNotFourDims", "q", kInvalid, [](DenseSetup& d) { d.q = t16(d.s.q, {kB * kSq, kH, kD}); }},
       {"QNegativeSize", "q", kInvalid, [](DenseSetup& d) { d.q.shape[1] = -1; }},
       {"QNullData", "q", kInvalid, [](DenseSetup& d) { d.q.data = nullptr; }},
@@ -576,9 +613,54 @@ TEST_P(KVCacheRuleTest, PlanRejectsToo) {
   EXPECT_TRUE(rejected(o, r.arg, r.kind));
 }
 
+// An e4m3 cache with per-(batch, KV head) descales under the f16 q (and k_new, v_new).
+void make_fp8_cache(KVSetup& d) {
+  as_e4m3(d.kc), as_e4m3(d.vc);
+  d.o.k_descale = descale(d.s.alibi, {kB, kHk});
+  d.o.v_descale = descale(d.s.alibi, {1});
+}
+// ... and an e4m3 q: out, k_new and v_new bf16, no rotary (an e4m3 q is not rotated).
+void make_fp8_q(KVSetup& d) {
+  make_fp8_cache(d);
+  as_e4m3(d.q);
+  d.o.q_descale = descale(d.s.alibi, {kB, kHk});
+  d.out.dtype = d.a.k_new.dtype = d.a.v_new.dtype = DType::bf16;
+  d.a.rotary_cos = d.a.rotary_sin = Tensor{};
+}
+
+TEST(KVCacheValidation, Fp8ValidBaseline) {
+  for (bool e4m3_q : {false, true}) {
+    KVSetup d;
+    e4m3_q ? make_fp8_q(d) : make_fp8_cache(d);
+    const std::vector<uint16_t> k_before = d.s.k;
+    EXPECT_NO_THROW(d.call()) << "e4m3 q " << e4m3_q;
+    EXPECT_TRUE(d.s.k != k_before) << "the appended keys were quantized into the cache";
+    KVSetup p;
+    p.make_paged();
+    e4m3_q ? make_fp8_q(p) : make_fp8_cache(p);
+    EXPECT_NO_THROW(p.call()) << "paged, e4m3 q " << e4m3_q;
+  }
+}
+
 std::vector<KVRule> kvcache_rules() {
   auto vec = [](std::vector<int>& s, int64_t n) { return Tensor::contiguous(s.data(), DType::i32, {n}); };
   return {
+      // FP8
+      {"Fp8VCacheNotE4m3", "v_cache", kType, [](KVSetup& d) { make_fp8_cache(d), d.vc.dtype = DType::f16; }},
+      {"Fp8CacheKNewE4m3", "k_new", kType, [](KVSetup& d) { make_fp8_cache(d), as_e4m3(d.a.k_new); }},
+      {"Fp8QOverF16Cache", "k_cache", kType, [](KVSetup& d) {
+         make_fp8_q(d), d.kc.dtype = d.vc.dtype = DType::f16;
+       }},
+      {"Fp8QWithRotary", "rotary_cos", Kind::unsupported, [](KVSetup& d) {
+         make_fp8_q(d);
+         d.a.rotary_cos = t16(d.s.cos, {kCap + 4, kRotHalf});
+         d.a.rotary_sin = t16(d.s.sin, {kCap + 4, kRotHalf});
+       }},
+      {"Fp8QKNewNotBf16", "k_new", kType, [](KVSetup& d) { make_fp8_q(d), d.a.k_new.dtype = DType::f16; }},
+      {"KDescaleWithoutFp8Cache", "k_descale", kInvalid, [](KVSetup& d) { d.o.k_descale = descale(d.s.alibi, {1}); }},
+      {"Fp8DescaleWrongBatch", "v_descale", kInvalid, [](KVSetup& d) {
+         make_fp8_cache(d), d.o.v_descale = descale(d.s.alibi, {kB + 1, kHk});
+       }},
       {"KCacheMissing", "k_cache", kInvalid, [](KVSetup& d) { d.kc = Tensor{}; }},
       {"VCacheMissing", "v_cache", kInvalid, [](KVSetup& d) { d.vc = Tensor{}; }},
       {"KCacheNotFourDims", "k_cache", kInvalid, [](KVSetup& d) {
