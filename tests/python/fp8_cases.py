@@ -5,7 +5,9 @@ the tensor or one per (batch, KV head)), reference.py on the dequantized values.
 import numpy as np
 import torch
 
+import flashattn
 import reference as ref
+from conftest import assert_fp8_close
 
 E4M3 = torch.float8_e4m3fn
 
@@ -107,3 +109,25 @@ def kvcache_reference(case, out_dtype, causal=True, interleaved=True):
         rotary_interleaved=interleaved, dtype=numpy_dtype, cache_e4m3=True,
         q_descale=f64(case.get("q_descale")), k_descale=f64(case["k_descale"]),
         v_descale=f64(case["v_descale"]))
+
+
+def check_lse(lse, ref_lse):
+    assert lse.dtype == torch.float32
+    assert_fp8_close(f64(lse), ref_lse, "lse")
+
+
+def check_fp8_kvcache(case, out_dtype, causal=True, interleaved=True, k_cache_ulps=0, **call_kw):
+    """flash_attn_with_kvcache on copies of the caches; out and LSE against the oracle, and every
+    cache row against the oracle's stored values (appended rows quantized, the others kept):
+    exact, or k within k_cache_ulps e4m3 steps (rotary rounds the rotation once, in fp32)."""
+    c = dict(case, k_cache=case["k_cache"].clone(), v_cache=case["v_cache"].clone())
+    out, lse = flashattn.flash_attn_with_kvcache(**c, causal=causal, rotary_interleaved=interleaved,
+                                                 return_softmax_lse=True, **call_kw)
+    assert out.dtype == out_dtype and c["k_cache"].dtype == E4M3
+    r, rl, kc, vc = kvcache_reference(case, out_dtype, causal=causal, interleaved=interleaved)
+    assert_fp8_close(f64(out), r)
+    check_lse(lse, rl)
+    np.testing.assert_array_equal(f64(c["v_cache"]), vc)
+    steps = np.ldexp(1.0, np.maximum(np.frexp(np.abs(kc))[1] - 1, ref.E4M3_MIN_NORMAL_EXP) - 3)
+    assert (np.abs(f64(c["k_cache"]) - kc) <= k_cache_ulps * steps).all(), "k_cache"
+    return c

@@ -15,15 +15,10 @@ from conftest import assert_fp8_close
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from fp8_cases import (E4M3, cu, dq, f64, kvcache_case, kvcache_reference, page_table,  # noqa: E402
-                       quantize, randn)
+from fp8_cases import (E4M3, check_fp8_kvcache, check_lse, cu, dq, f64,  # noqa: E402
+                       kvcache_case, page_table, quantize, randn)
 
 DESCALES = ["none", "scalar", "bhk"]
-
-
-def check_lse(lse, ref_lse):
-    assert lse.dtype == torch.float32
-    assert_fp8_close(lse.numpy(), ref_lse, "lse")
 
 
 # ---- the oracle's e4m3 rounding ------------------------------------------------------------------
@@ -129,23 +124,6 @@ def test_fp8_numpy_ml_dtypes():
 
 
 # ---- kv cache -----------------------------------------------------------------------------------
-
-def check_fp8_kvcache(case, out_dtype, causal=True, interleaved=True, k_cache_ulps=0):
-    """flash_attn_with_kvcache on copies of the caches; out and LSE against the oracle, and every
-    cache row against the oracle's stored values (appended rows quantized, the others kept):
-    exact, or k within k_cache_ulps e4m3 steps (rotary rounds the rotation once, in fp32)."""
-    c = dict(case, k_cache=case["k_cache"].clone(), v_cache=case["v_cache"].clone())
-    out, lse = flashattn.flash_attn_with_kvcache(**c, causal=causal, rotary_interleaved=interleaved,
-                                                 return_softmax_lse=True)
-    assert out.dtype == out_dtype and c["k_cache"].dtype == E4M3
-    r, rl, kc, vc = kvcache_reference(case, out_dtype, causal=causal, interleaved=interleaved)
-    assert_fp8_close(out.double().numpy(), r)
-    check_lse(lse, rl)
-    np.testing.assert_array_equal(f64(c["v_cache"]), vc)
-    steps = np.ldexp(1.0, np.maximum(np.frexp(np.abs(kc))[1] - 1, ref.E4M3_MIN_NORMAL_EXP) - 3)
-    assert (np.abs(f64(c["k_cache"]) - kc) <= k_cache_ulps * steps).all(), "k_cache"
-    return c
-
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16, E4M3])
 @pytest.mark.parametrize("descale", ["scalar", "bhk"])
