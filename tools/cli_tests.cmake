@@ -36,6 +36,7 @@ flashattn_cli_test(run.fp8_kvcache_e4m3_q ${_run} --kvcache --dtype e4m3 --batch
 add_test(NAME cli.run.json COMMAND ${_run} --json --batch 1 --seqlen-q 17 --heads 2 --head-dim 32 --alibi)
 set_tests_properties(cli.run.json PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "\"pass\": true")
 flashattn_cli_test(bench.quick ${_fa} bench --device cpu --quick --causal on --head-dims 32 --seqlens 64 --threads 2)
+flashattn_cli_test(bench.quick_fp16 ${_fa} bench --device cpu --quick --dtype fp16 --causal on --head-dims 32 --seqlens 64 --threads 2)
 flashattn_cli_test(bench.decode_quick ${_fa} bench --device cpu --decode --batches 2 --seqlens 256 --page-size 16 --threads 2)
 
 # ---- bad command lines ----------------------------------------------------------------------

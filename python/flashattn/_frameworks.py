@@ -24,8 +24,9 @@ WORKSPACE_ALIGNMENT = 256
 _FRAMEWORK_OF_MODULE = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax",
                         "jaxlib": "jax"}
 
-# FP8 (e4m3): dtypes DLPack cannot export, passed as their bits (an integer view) with a tag the
-# extension reads back: {dtype name: (tag, integer view dtype name)}.
+# Dtypes a framework's DLPack export may refuse (NumPy's ml_dtypes bfloat16 and float8_e4m3fn,
+# torch's float8_e4m3fn before DLPack 1.0 float8 codes), passed as their bits (an integer view)
+# with a tag the extension reads back: {dtype name: (tag, integer view dtype name)}.
 E4M3 = "float8_e4m3fn"
 _BITS = {"bfloat16": (_C.BF16_BITS_TAG, "uint16"), E4M3: (_C.E4M3_BITS_TAG, "uint8")}
 # The dtype of out for q's dtype: q's, except bf16 for an e4m3 q (prefill with q, k, v e4m3, and
@@ -56,7 +57,8 @@ def dlpack_device(x):
 def torch_capsule(t):
     """A torch tensor as the extension takes it: a DLPack capsule (torch.utils.dlpack.to_dlpack:
     no Python-level __dlpack__ protocol work, measured ~3 us per tensor on the H200 machine); a
-    float8_e4m3fn tensor (which torch's DLPack export refuses) as its uint8 bits, tagged."""
+    float8_e4m3fn tensor as its uint8 bits, tagged (torch's DLPack export of float8 depends on
+    its version; the bits go through any)."""
     import torch
     import torch.utils.dlpack
 
