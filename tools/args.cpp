@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -76,10 +77,11 @@ float parse_float(const std::string& flag, const std::string& text, float min_va
   return float(x);
 }
 
-DType parse_dtype(const std::string& text) {
+DType parse_dtype(const std::string& flag, const std::string& text) {
   if (text == "bf16" || text == "bfloat16") return DType::bf16;
   if (text == "fp16" || text == "f16" || text == "float16") return DType::f16;
-  throw UsageError("--dtype: expected bf16 or fp16, got '" + text + "'");
+  if (text == "e4m3" || text == "fp8" || text == "float8_e4m3fn") return DType::e4m3;
+  throw UsageError(flag + ": expected bf16, fp16 or e4m3, got '" + text + "'");
 }
 
 std::string parse_device_name(const std::string& text) {
@@ -116,8 +118,12 @@ const std::vector<RunFlag>& run_flags() {
   static const std::vector<RunFlag> flags = {
       {"--device", "cpu|cuda|auto", "backend (auto: cuda when a GPU is visible) [auto]",
        [](RunOptions& o, const std::string& v) { o.device = parse_device_name(v); }},
-      {"--dtype", "bf16|fp16", "storage type of q, k, v, out [bf16]",
-       [](RunOptions& o, const std::string& v) { o.spec.dtype = parse_dtype(v); }},
+      {"--dtype", "bf16|fp16|e4m3",
+       "storage type of q, k, v, out [bf16]; e4m3: FP8 q, k, v, out bf16",
+       [](RunOptions& o, const std::string& v) { o.spec.dtype = parse_dtype("--dtype", v); }},
+      {"--kv-dtype", "bf16|fp16|e4m3",
+       "--kvcache: storage type of the cache (e4m3: FP8) [= --dtype]",
+       [](RunOptions& o, const std::string& v) { o.spec.kv_dtype = parse_dtype("--kv-dtype", v); }},
       {"--batch", "B", "sequences [2]",
        [](RunOptions& o, const std::string& v) { o.spec.batch = parse_int("--batch", v, 1); }},
       {"--seqlen-q", "N", "queries per sequence (varlen: the maximum) [512]",
@@ -184,6 +190,8 @@ void validate_run(const RunOptions& o) {
   if (!kvcache && s.splits > 0) throw UsageError("--splits needs --kvcache");
   if (!kvcache && s.append > 0) throw UsageError("--append needs --kvcache");
   if (!kvcache && s.rotary != Rotary::none) throw UsageError("--rotary needs --kvcache");
+  if (!kvcache && s.kv_dtype != s.dtype)
+    throw UsageError("--kv-dtype needs --kvcache (for prefill --dtype sets q, k and v)");
   if (kvcache && s.append > s.seqlen_k)
     throw UsageError("--append " + std::to_string(s.append) + " does not fit the cache (--seqlen-k " +
                      std::to_string(s.seqlen_k) + ")");
@@ -226,8 +234,15 @@ RunOptions parse_run_args(int argc, char** argv) {
     throw UsageError("--varlen and --kvcache cannot be combined");
   if (!has_flag(argc, argv, "--seqlen-k")) o.spec.seqlen_k = o.spec.seqlen_q;
   if (!has_flag(argc, argv, "--kv-heads")) o.spec.kv_heads = o.spec.heads;
+  if (!has_flag(argc, argv, "--kv-dtype")) o.spec.kv_dtype = o.spec.dtype;
   if (!o.help) validate_run(o);
   return o;
+}
+
+static std::string fp8_rtol_text() {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", kFp8Rtol);
+  return buf;
 }
 
 std::string run_help() {
@@ -235,10 +250,16 @@ std::string run_help() {
          "Solves one attention problem on seeded random normal inputs and prints its time and\n"
          "TFLOP/s (GB/s of K and V read for --kvcache).\n\noptions:\n" +
          flags_help(run_flags()) +
+         "\nFP8 (e4m3): the random inputs are quantized with one descale = amax / 448 (fp32) per\n"
+         "(batch, KV head), given as q/k/v_descale; appended keys/values (in out's dtype) are\n"
+         "quantized into an e4m3 cache by the library. --check compares with the float64\n"
+         "reference on the dequantized inputs: max err <= " + fp8_rtol_text() + " * max|reference|.\n"
          "\nexamples:\n"
          "  flashattn run --device cpu --check --causal --seqlen-q 300 --head-dim 64\n"
          "  flashattn run --kvcache --paged --page-size 16 --splits 3 --heads 8 --kv-heads 2 \\\n"
-         "      --seqlen-q 5 --append 5 --rotary neox --causal --check\n";
+         "      --seqlen-q 5 --append 5 --rotary neox --causal --check\n"
+         "  flashattn run --dtype e4m3 --causal --check            (FP8 prefill)\n"
+         "  flashattn run --kvcache --kv-dtype e4m3 --append 1 --check   (FP8 KV cache)\n";
 }
 
 // ---- bench -----------------------------------------------------------------------------------
@@ -252,7 +273,7 @@ const std::vector<BenchFlag>& bench_flags() {
       {"--device", "cpu|cuda|auto", "backend [auto]",
        [](BenchOptions& o, const std::string& v) { o.device = parse_device_name(v); }},
       {"--dtype", "bf16|fp16", "storage type [bf16]",
-       [](BenchOptions& o, const std::string& v) { o.dtype = parse_dtype(v); }},
+       [](BenchOptions& o, const std::string& v) { o.dtype = parse_dtype("--dtype", v); }},
       {"--head-dims", "D,D,..", "head dims [64,128,256; decode 128]",
        [](BenchOptions& o, const std::string& v) { o.head_dims = parse_int_list("--head-dims", v, 1); }},
       {"--seqlens", "N,N,..", "sequence lengths (decode: context lengths)",
@@ -290,6 +311,7 @@ BenchOptions parse_bench_args(int argc, char** argv) {
   BenchOptions o;
   parse_flags(argc, argv, bench_flags(), o);
   if (o.help) return o;
+  if (o.dtype == DType::e4m3) throw UsageError("--dtype e4m3: FP8 is measured with 'flashattn run'");
   if (!o.decode && (o.page_size > 0 || o.splits > 0 || !o.batches.empty()))
     throw UsageError("--page-size, --splits and --batches need --decode");
   if (o.splits > flashattn::kMaxSplits)

@@ -60,6 +60,7 @@ struct Row {
 ProblemSpec base_spec(const BenchOptions& o) {
   ProblemSpec s;
   s.dtype = o.dtype;
+  s.kv_dtype = o.dtype;
   s.random_lengths = false;
   s.fast_fill = true;
   s.seed = o.seed;

@@ -36,7 +36,8 @@ enum class Mode { dense, varlen, kvcache };
 enum class Rotary { none, interleaved, neox };
 
 struct ProblemSpec {
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;     // q (and k, v unless kv_dtype says otherwise): bf16, fp16, e4m3
+  DType kv_dtype = DType::bf16;  // k and v (the KV cache): dtype, or e4m3 under a bf16/fp16 q
   Mode mode = Mode::dense;
   int batch = 2;
   int seqlen_q = 512;
@@ -63,13 +64,20 @@ struct ProblemSpec {
 };
 
 bool is_local(const ProblemSpec& s);  // a sliding window on either side
+// The dtype of out (and of k_new, v_new, the rotary tables): bf16 for an e4m3 q, else q's.
+DType out_dtype(const ProblemSpec& s);
+bool is_fp8(const ProblemSpec& s);  // q or k/v stored as e4m3
 
 // Throws UsageError when the arrays of the problem cannot be sized: a count the library takes as
 // int32 (packed varlen rows, page indices) reaches 2^31, or an array's bytes pass 2^62 (its size
 // product would overflow, or no host could hold it).
 void check_problem_size(const ProblemSpec& s);
 
-// Inputs in host memory, in the physical layout the library is given (16-bit storage bits).
+// Inputs in host memory, in the physical layout the library is given: one storage code per
+// element (16-bit bits; an e4m3 element's 8 bits in the low byte, packed to 1 byte per element
+// when uploaded). An e4m3 tensor comes with its descale factors, one per (batch, KV head):
+// random normal values x are stored as e4m3(x / descale), descale = amax / 448 of the values it
+// scales (fp32); the real value of a code c is descale * c.
 struct HostProblem {
   ProblemSpec spec;
   std::vector<int> len_q;  // per sequence: query rows
@@ -83,6 +91,7 @@ struct HostProblem {
   int rotary_positions = 0;  // rows of rotary cos / sin
   std::vector<uint16_t> q, k, v, k_new, v_new, rot_cos, rot_sin;
   std::vector<float> alibi;  // (h)
+  std::vector<float> q_descale, k_descale, v_descale;  // (b, hk) for e4m3 q / k, v; else empty
 
   int64_t q_row(int b, int i) const;      // row of query i of sequence b in q / out
   int64_t kv_row(int b, int pos) const;   // row of key position pos of sequence b in k / v
@@ -127,6 +136,11 @@ Counts count_work(const HostProblem& problem);
 bool is_decode(const ProblemSpec& s);  // reported in GB/s rather than TFLOP/s
 double median(std::vector<double> values);
 
+// The FP8 bound of --check (e4m3 q or k/v): the oracle runs on the dequantized inputs, so what
+// remains is the bf16/fp16 compute: max|lib - f64| <= kFp8Rtol * max|f64|, for out and LSE
+// (tests/python/conftest.py FP8_RTOL is the same bound).
+constexpr double kFp8Rtol = 2e-2;
+
 struct CheckResult {
   double out_err = 0, out_tol = 0;
   double lse_err = 0, lse_tol = 0;
@@ -152,7 +166,7 @@ void print_report_text(const RunReport& report);
 void print_report_json(const RunReport& report);
 
 std::string describe_problem(const ProblemSpec& s);  // "b=2 sq=512 sk=512 h=8 hk=8 d=128 causal"
-const char* dtype_label(DType t);                    // bf16 | fp16
+const char* dtype_label(DType t);                    // bf16 | fp16 | e4m3
 
 // ---- subcommands -------------------------------------------------------------------------------
 

@@ -102,16 +102,36 @@ Buffer to_device(Device device, const std::vector<T>& host) {
   return b;
 }
 
+// Storage codes (HostProblem) on the device: as they are, or one byte each for e4m3.
+Buffer codes_to_device(Device device, const std::vector<uint16_t>& codes, DType t) {
+  if (flashattn::dtype_size(t) == sizeof(uint16_t)) return to_device(device, codes);
+  std::vector<uint8_t> bytes(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) bytes[i] = uint8_t(codes[i]);
+  return to_device(device, bytes);
+}
+
+void download_codes(const Buffer& b, DType t, std::vector<uint16_t>& codes) {
+  if (flashattn::dtype_size(t) == sizeof(uint16_t)) return b.download(codes.data());
+  std::vector<uint8_t> bytes(codes.size());
+  b.download(bytes.data());
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = bytes[i];
+}
+
 struct DeviceProblem {
   Buffer q, k, v, out, lse, k_new, v_new, cos, sin, alibi;
   Buffer cu_q, cu_k, cache_seqlens, block_table;
+  Buffer q_descale, k_descale, v_descale;
 };
 
 DeviceProblem upload(const HostProblem& p, Device d) {
+  const ProblemSpec& s = p.spec;
   DeviceProblem m;
-  m.q = to_device(d, p.q);
-  m.k = to_device(d, p.k);
-  m.v = to_device(d, p.v);
+  m.q = codes_to_device(d, p.q, s.dtype);
+  m.k = codes_to_device(d, p.k, s.kv_dtype);
+  m.v = codes_to_device(d, p.v, s.kv_dtype);
+  m.q_descale = to_device(d, p.q_descale);
+  m.k_descale = to_device(d, p.k_descale);
+  m.v_descale = to_device(d, p.v_descale);
   m.out = Buffer(d, p.q.size() * sizeof(uint16_t));
   m.lse = Buffer(d, size_t(p.lse_size()) * sizeof(float));
   m.k_new = to_device(d, p.k_new);
@@ -137,16 +157,17 @@ struct Call {
 void set_kv_views(const HostProblem& p, const DeviceProblem& m, Device d, Call& c) {
   const ProblemSpec& s = p.spec;
   const int64_t hk = s.kv_heads, dim = s.head_dim;
+  const DType t = s.kv_dtype;
   if (s.paged) {
     const int64_t pages = int64_t(p.block_table.size());
-    c.k = Tensor::contiguous(m.k.data(), s.dtype, {pages, s.page_size, hk, dim}, d);
-    c.v = Tensor::contiguous(m.v.data(), s.dtype, {pages, s.page_size, hk, dim}, d);
+    c.k = Tensor::contiguous(m.k.data(), t, {pages, s.page_size, hk, dim}, d);
+    c.v = Tensor::contiguous(m.v.data(), t, {pages, s.page_size, hk, dim}, d);
   } else if (s.mode == Mode::varlen) {
-    c.k = Tensor::contiguous(m.k.data(), s.dtype, {p.kv_rows, hk, dim}, d);
-    c.v = Tensor::contiguous(m.v.data(), s.dtype, {p.kv_rows, hk, dim}, d);
+    c.k = Tensor::contiguous(m.k.data(), t, {p.kv_rows, hk, dim}, d);
+    c.v = Tensor::contiguous(m.v.data(), t, {p.kv_rows, hk, dim}, d);
   } else {
-    c.k = Tensor::contiguous(m.k.data(), s.dtype, {s.batch, s.seqlen_k, hk, dim}, d);
-    c.v = Tensor::contiguous(m.v.data(), s.dtype, {s.batch, s.seqlen_k, hk, dim}, d);
+    c.k = Tensor::contiguous(m.k.data(), t, {s.batch, s.seqlen_k, hk, dim}, d);
+    c.v = Tensor::contiguous(m.v.data(), t, {s.batch, s.seqlen_k, hk, dim}, d);
   }
 }
 
@@ -166,12 +187,12 @@ void set_kvcache_args(const HostProblem& p, const DeviceProblem& m, Device d, Ca
   a.cache_seqlens = Tensor::contiguous(m.cache_seqlens.data(), DType::i32, {s.batch}, d);
   if (s.paged) a.block_table = Tensor::contiguous(m.block_table.data(), DType::i32, {s.batch, p.max_pages}, d);
   if (s.append > 0) {
-    a.k_new = Tensor::contiguous(m.k_new.data(), s.dtype, {s.batch, s.append, s.kv_heads, s.head_dim}, d);
-    a.v_new = Tensor::contiguous(m.v_new.data(), s.dtype, {s.batch, s.append, s.kv_heads, s.head_dim}, d);
+    a.k_new = Tensor::contiguous(m.k_new.data(), out_dtype(s), {s.batch, s.append, s.kv_heads, s.head_dim}, d);
+    a.v_new = Tensor::contiguous(m.v_new.data(), out_dtype(s), {s.batch, s.append, s.kv_heads, s.head_dim}, d);
   }
   if (s.rotary != Rotary::none) {
-    a.rotary_cos = Tensor::contiguous(m.cos.data(), s.dtype, {p.rotary_positions, s.head_dim / 2}, d);
-    a.rotary_sin = Tensor::contiguous(m.sin.data(), s.dtype, {p.rotary_positions, s.head_dim / 2}, d);
+    a.rotary_cos = Tensor::contiguous(m.cos.data(), out_dtype(s), {p.rotary_positions, s.head_dim / 2}, d);
+    a.rotary_sin = Tensor::contiguous(m.sin.data(), out_dtype(s), {p.rotary_positions, s.head_dim / 2}, d);
     a.rotary_interleaved = s.rotary == Rotary::interleaved;
   }
   a.num_splits = s.splits;
@@ -186,6 +207,13 @@ void set_options(const HostProblem& p, const DeviceProblem& m, Device d, Call& c
   o.softcap = s.softcap;
   o.num_threads = s.threads;
   if (s.alibi) o.alibi_slopes = Tensor::contiguous(m.alibi.data(), DType::f32, {s.heads}, d);
+  // FP8: one descale per (batch, KV head), for the e4m3 tensors only.
+  const auto descale = [&](const Buffer& b, const std::vector<float>& host) {
+    return host.empty() ? Tensor{} : Tensor::contiguous(b.data(), DType::f32, {s.batch, s.kv_heads}, d);
+  };
+  o.q_descale = descale(m.q_descale, p.q_descale);
+  o.k_descale = descale(m.k_descale, p.k_descale);
+  o.v_descale = descale(m.v_descale, p.v_descale);
   if (s.mode == Mode::varlen)
     o.softmax_lse = Tensor::contiguous(m.lse.data(), DType::f32, {s.heads, p.q_rows}, d);
   else
@@ -197,11 +225,11 @@ Call make_call(const HostProblem& p, const DeviceProblem& m, Device d) {
   Call c;
   if (s.mode == Mode::varlen) {
     c.q = Tensor::contiguous(m.q.data(), s.dtype, {p.q_rows, s.heads, s.head_dim}, d);
-    c.out = Tensor::contiguous(m.out.data(), s.dtype, {p.q_rows, s.heads, s.head_dim}, d);
+    c.out = Tensor::contiguous(m.out.data(), out_dtype(s), {p.q_rows, s.heads, s.head_dim}, d);
     set_varlen_args(p, m, d, c);
   } else {
     c.q = Tensor::contiguous(m.q.data(), s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim}, d);
-    c.out = Tensor::contiguous(m.out.data(), s.dtype, {s.batch, s.seqlen_q, s.heads, s.head_dim}, d);
+    c.out = Tensor::contiguous(m.out.data(), out_dtype(s), {s.batch, s.seqlen_q, s.heads, s.head_dim}, d);
   }
   set_kv_views(p, m, d, c);
   if (s.mode == Mode::kvcache) set_kvcache_args(p, m, d, c);
@@ -255,8 +283,8 @@ void fetch_results(const HostProblem& p, const DeviceProblem& m, RunOutput& r) {
   if (p.spec.mode == Mode::kvcache && p.spec.append > 0) {
     r.k_cache.resize(p.k.size());
     r.v_cache.resize(p.v.size());
-    m.k.download(r.k_cache.data());
-    m.v.download(r.v_cache.data());
+    download_codes(m.k, p.spec.kv_dtype, r.k_cache);
+    download_codes(m.v, p.spec.kv_dtype, r.v_cache);
   }
 }
 

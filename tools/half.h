@@ -1,10 +1,12 @@
-// fp16 / bf16 <-> float on the host, round-to-nearest-even, for the tool's inputs and outputs.
+// fp16 / bf16 <-> float on the host, round-to-nearest-even, for the tool's inputs and outputs;
+// e4m3 through the library's host conversions (common/half.h: RNE, saturating at +-448).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "common/half.h"
 #include "flashattn/flashattn.h"
 
 namespace facli {
@@ -56,11 +58,14 @@ inline float fp16_to_float(uint16_t h) {
   return sign * std::ldexp(float(1024 + mantissa), exponent - 25);
 }
 
+// The storage code of x (e4m3: its 8 bits in the low byte).
 inline uint16_t to_storage(flashattn::DType t, float x) {
+  if (t == flashattn::DType::e4m3) return flashattn::float_to_e4m3_bits(x);
   return t == flashattn::DType::bf16 ? float_to_bf16(x) : float_to_fp16(x);
 }
 
 inline double from_storage(flashattn::DType t, uint16_t h) {
+  if (t == flashattn::DType::e4m3) return flashattn::e4m3_bits_to_float(uint8_t(h));
   return t == flashattn::DType::bf16 ? bf16_to_float(h) : fp16_to_float(h);
 }
 

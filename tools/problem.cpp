@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -40,6 +41,46 @@ std::vector<uint16_t> random_normal(int64_t n, DType dtype, Rng& rng, bool fast)
     std::copy(pool.begin() + start, pool.begin() + start + len, out.begin() + i);
   }
   return out;
+}
+
+constexpr float kE4m3Max = 448.0f;  // the largest finite e4m3 value
+
+// The rows of one sequence in an array: how many, and where the i-th one is.
+struct SequenceRows {
+  std::function<int(int)> count;             // (b) -> rows of sequence b
+  std::function<int64_t(int, int)> row;      // (b, i) -> row index in the array
+};
+
+// An e4m3 array (rows, heads, d) of random normal values, quantized with one descale per
+// (batch, KV head) = amax / 448 of the values it scales (fp32; 1 where they are all 0):
+// code = e4m3(x / descale). Every row belongs to one sequence (seq.row covers the array).
+std::vector<uint16_t> quantized_normal(const ProblemSpec& s, int64_t rows, int heads, Rng& rng,
+                                       const SequenceRows& seq, std::vector<float>& descale) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t d = s.head_dim, row_elems = int64_t(heads) * d;
+  std::vector<float> x(size_t(std::max<int64_t>(rows, 0) * row_elems));
+  for (auto& e : x) e = normal(rng);
+  const int hk = s.kv_heads, group = std::max(1, heads / hk);
+  auto kv_head = [&](int head) { return std::min(head / group, hk - 1); };
+  std::vector<float> amax(size_t(s.batch) * hk, 0.0f);
+  for (int b = 0; b < s.batch; ++b)
+    for (int i = 0; i < seq.count(b); ++i)
+      for (int head = 0; head < heads; ++head)
+        for (int64_t c = 0; c < d; ++c) {
+          float& m = amax[size_t(b) * hk + kv_head(head)];
+          m = std::max(m, std::fabs(x[size_t(seq.row(b, i) * row_elems + head * d + c)]));
+        }
+  descale.resize(amax.size());
+  for (size_t i = 0; i < amax.size(); ++i) descale[i] = amax[i] > 0 ? amax[i] / kE4m3Max : 1.0f;
+  std::vector<uint16_t> codes(x.size());
+  for (int b = 0; b < s.batch; ++b)
+    for (int i = 0; i < seq.count(b); ++i)
+      for (int head = 0; head < heads; ++head)
+        for (int64_t c = 0; c < d; ++c) {
+          const size_t at = size_t(seq.row(b, i) * row_elems + head * d + c);
+          codes[at] = to_storage(DType::e4m3, x[at] / descale[size_t(b) * hk + kv_head(head)]);
+        }
+  return codes;
 }
 
 std::vector<int32_t> prefix_sums(const std::vector<int>& lengths) {
@@ -114,8 +155,8 @@ void make_rotary_tables(HostProblem& p) {
   for (int pos = 0; pos < p.rotary_positions; ++pos) {
     for (int c = 0; c < half; ++c) {
       const double angle = pos * std::pow(kRotaryBase, -2.0 * c / (2 * half));
-      p.rot_cos[size_t(pos) * half + c] = to_storage(s.dtype, float(std::cos(angle)));
-      p.rot_sin[size_t(pos) * half + c] = to_storage(s.dtype, float(std::sin(angle)));
+      p.rot_cos[size_t(pos) * half + c] = to_storage(out_dtype(s), float(std::cos(angle)));
+      p.rot_sin[size_t(pos) * half + c] = to_storage(out_dtype(s), float(std::sin(angle)));
     }
   }
 }
@@ -130,19 +171,38 @@ void fill_inputs(HostProblem& p, Rng& rng) {
   const ProblemSpec& s = p.spec;
   const int64_t q_row = int64_t(s.heads) * s.head_dim;
   const int64_t kv_row = int64_t(s.kv_heads) * s.head_dim;
-  p.q = random_normal(p.q_rows * q_row, s.dtype, rng, s.fast_fill);
-  p.k = random_normal(p.kv_rows * kv_row, s.dtype, rng, s.fast_fill);
-  p.v = random_normal(p.kv_rows * kv_row, s.dtype, rng, s.fast_fill);
-  if (s.mode == Mode::kvcache && s.append > 0) {
+  const SequenceRows q_rows{[&](int b) { return p.len_q[b]; },
+                           [&](int b, int i) { return p.q_row(b, i); }};
+  // k / v rows of a sequence: its pages, its cache row, or its keys.
+  const int kv_capacity = s.paged ? p.max_pages * s.page_size : s.seqlen_k;
+  const SequenceRows kv_rows{
+      [&](int b) { return s.mode == Mode::varlen && !s.paged ? p.len_k[b] : kv_capacity; },
+      [&](int b, int pos) { return p.kv_row(b, pos); }};
+  if (s.dtype == DType::e4m3)
+    p.q = quantized_normal(s, p.q_rows, s.heads, rng, q_rows, p.q_descale);
+  else
+    p.q = random_normal(p.q_rows * q_row, s.dtype, rng, s.fast_fill);
+  if (s.kv_dtype == DType::e4m3) {
+    p.k = quantized_normal(s, p.kv_rows, s.kv_heads, rng, kv_rows, p.k_descale);
+    p.v = quantized_normal(s, p.kv_rows, s.kv_heads, rng, kv_rows, p.v_descale);
+  } else {
+    p.k = random_normal(p.kv_rows * kv_row, s.kv_dtype, rng, s.fast_fill);
+    p.v = random_normal(p.kv_rows * kv_row, s.kv_dtype, rng, s.fast_fill);
+  }
+  if (s.mode == Mode::kvcache && s.append > 0) {  // in out's dtype
     const int64_t rows = int64_t(s.batch) * s.append;
-    p.k_new = random_normal(rows * kv_row, s.dtype, rng, s.fast_fill);
-    p.v_new = random_normal(rows * kv_row, s.dtype, rng, s.fast_fill);
+    p.k_new = random_normal(rows * kv_row, out_dtype(s), rng, s.fast_fill);
+    p.v_new = random_normal(rows * kv_row, out_dtype(s), rng, s.fast_fill);
   }
 }
 
 }  // namespace
 
 bool is_local(const ProblemSpec& s) { return s.window_left >= 0 || s.window_right >= 0; }
+
+DType out_dtype(const ProblemSpec& s) { return s.dtype == DType::e4m3 ? DType::bf16 : s.dtype; }
+
+bool is_fp8(const ProblemSpec& s) { return s.dtype == DType::e4m3 || s.kv_dtype == DType::e4m3; }
 
 void check_problem_size(const ProblemSpec& s) {
   constexpr double kMaxInt32Count = 2147483647.0;

@@ -84,7 +84,7 @@ Counts count_work(const HostProblem& p) {
   } else {
     c.flops = per_pair * s.batch * double(s.seqlen_q) * s.seqlen_k * (s.causal ? kCausalFraction : 1.0);
   }
-  c.kv_bytes = keys * s.kv_heads * s.head_dim * 2.0 * flashattn::dtype_size(s.dtype);
+  c.kv_bytes = keys * s.kv_heads * s.head_dim * 2.0 * flashattn::dtype_size(s.kv_dtype);
   return c;
 }
 
@@ -97,7 +97,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-const char* dtype_label(DType t) { return t == DType::bf16 ? "bf16" : "fp16"; }
+const char* dtype_label(DType t) {
+  if (t == DType::e4m3) return "e4m3";
+  return t == DType::bf16 ? "bf16" : "fp16";
+}
 
 std::string describe_problem(const ProblemSpec& s) {
   std::ostringstream os;
@@ -111,6 +114,7 @@ std::string describe_problem(const ProblemSpec& s) {
   if (s.mode == Mode::kvcache) os << " splits=" << (s.splits ? std::to_string(s.splits) : "auto");
   if (s.append > 0) os << " append=" << s.append;
   if (s.rotary != Rotary::none) os << " rotary=" << rotary_name(s.rotary);
+  if (s.kv_dtype != s.dtype) os << " kv=" << dtype_label(s.kv_dtype);
   return os.str();
 }
 
@@ -140,6 +144,7 @@ void print_report_json(const RunReport& rep) {
   const double seconds = rep.median_ms / kMsPerS;
   JsonObject j;
   j.add("command", "run").add("device", rep.device_name).add("dtype", dtype_label(s.dtype));
+  j.add("kv_dtype", dtype_label(s.kv_dtype));
   j.add("mode", mode_name(s.mode)).add("batch", s.batch).add("seqlen_q", s.seqlen_q);
   j.add("seqlen_k", s.seqlen_k).add("heads", s.heads).add("kv_heads", s.kv_heads).add("head_dim", s.head_dim);
   j.add("causal", s.causal).add("window_left", s.window_left).add("window_right", s.window_right);

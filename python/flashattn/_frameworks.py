@@ -24,6 +24,21 @@ WORKSPACE_ALIGNMENT = 256
 _FRAMEWORK_OF_MODULE = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax",
                         "jaxlib": "jax"}
 
+# Dtypes a framework's DLPack export may refuse (NumPy's ml_dtypes bfloat16 and float8_e4m3fn,
+# torch's float8_e4m3fn before DLPack 1.0 float8 codes), passed as their bits (an integer view)
+# with a tag the extension reads back: {dtype name: (tag, integer view dtype name)}.
+E4M3 = "float8_e4m3fn"
+_BITS = {"bfloat16": (_C.BF16_BITS_TAG, "uint16"), E4M3: (_C.E4M3_BITS_TAG, "uint8")}
+# The dtype of out for q's dtype: q's, except bf16 for an e4m3 q (prefill with q, k, v e4m3, and
+# a KV cache call with an e4m3 q; the library's rule, include/flashattn/flashattn.h).
+_OUT_DTYPE = {E4M3: "bfloat16"}
+
+
+def out_dtype_name(q) -> str:
+    """Name of the dtype of out for q ('bfloat16' for an e4m3 q, else q's own)."""
+    name = _dtype_name(q)
+    return _OUT_DTYPE.get(name, name)
+
 
 def framework_of(x) -> str:
     root = type(x).__module__.split(".")[0]
@@ -39,17 +54,30 @@ def dlpack_device(x):
     return (int(device_type), int(device_id))
 
 
+def torch_capsule(t):
+    """A torch tensor as the extension takes it: a DLPack capsule (torch.utils.dlpack.to_dlpack:
+    no Python-level __dlpack__ protocol work, measured ~3 us per tensor on the H200 machine); a
+    float8_e4m3fn tensor as its uint8 bits, tagged (torch's DLPack export of float8 depends on
+    its version; the bits go through any)."""
+    import torch
+    import torch.utils.dlpack
+
+    if t.requires_grad:  # DLPack refuses tensors that require grad; grad use is refused earlier
+        t = t.detach()
+    if t.dtype == torch.float8_e4m3fn:
+        tag, bits = _BITS[E4M3]
+        return (tag, torch.utils.dlpack.to_dlpack(t.view(getattr(torch, bits))))
+    return torch.utils.dlpack.to_dlpack(t)
+
+
 def to_extension(x):
-    """What the extension receives for an argument: None; a DLPack capsule for a torch tensor
-    (torch.utils.dlpack.to_dlpack: no Python-level __dlpack__ protocol work, measured ~3 us per
-    tensor on the H200 machine); the array itself otherwise; or for a NumPy ml_dtypes.bfloat16
-    array (which DLPack cannot export) its uint16 bits, tagged."""
+    """What the extension receives for an argument: None; for a torch tensor torch_capsule(x);
+    the array itself otherwise, or for a NumPy array of an ml_dtypes dtype that DLPack cannot
+    export (bfloat16, float8_e4m3fn) its bits as an integer view, tagged."""
     if x is None:
         return None
     framework = framework_of(x)
     if framework == "torch":
-        import torch.utils.dlpack
-
         if x.requires_grad:
             import torch
 
@@ -57,12 +85,12 @@ def to_extension(x):
                 raise NotImplementedError(
                     "flashattn has no backward pass: a tensor requires grad; call it under "
                     "torch.no_grad() / torch.inference_mode(), or detach the inputs")
-            x = x.detach()  # DLPack refuses tensors that require grad
-        return torch.utils.dlpack.to_dlpack(x)
-    if framework == "numpy" and getattr(x.dtype, "name", "") == "bfloat16":
-        import numpy as np
-
-        return (_C.BF16_BITS_TAG, x.view(np.uint16))
+        return torch_capsule(x)
+    if framework == "numpy":
+        bits = _BITS.get(getattr(x.dtype, "name", ""))
+        if bits is not None:
+            tag, view = bits
+            return (tag, x.view(view))
     if framework == "jax":
         x.block_until_ready()
     return x
@@ -139,34 +167,27 @@ class Context:
 
     # ---- allocation ------------------------------------------------------------------------
     def _dtype(self, dtype):
-        """dtype None: q's dtype; else a name ('float32', 'int32', 'uint8')."""
+        """dtype None: q's dtype; else a name ('float32', 'int32', 'uint8', 'bfloat16')."""
+        if dtype is None and self.framework == self.allocator:
+            return self.like.dtype
+        name = dtype if dtype is not None else _dtype_name(self.like)
         if self.allocator == "torch":
             import torch
 
-            if dtype is not None:
-                return getattr(torch, dtype)
-            if self.framework == "torch":
-                return self.like.dtype
-            return getattr(torch, _dtype_name(self.like))
+            return getattr(torch, name)
         if self.allocator == "cupy":
             import cupy
 
-            name = dtype if dtype is not None else _dtype_name(self.like)
-            if name == "bfloat16":
-                raise TypeError("q: bfloat16 outputs cannot be allocated with CuPy (no bfloat16 "
+            if name in _BITS:
+                raise TypeError(f"q: {name} outputs cannot be allocated with CuPy (no {name} "
                                 "dtype); install torch or pass out=")
             return cupy.dtype(name)
         import numpy as np
 
-        if dtype is not None:
-            return np.dtype(dtype)
-        if self.framework == "numpy":
-            return self.like.dtype
-        name = _dtype_name(self.like)
-        if name == "bfloat16":
+        if name in _BITS:  # NumPy has these through ml_dtypes only
             import ml_dtypes
 
-            return np.dtype(ml_dtypes.bfloat16)
+            return np.dtype(getattr(ml_dtypes, name))
         return np.dtype(name)
 
     def empty(self, shape, dtype=None):

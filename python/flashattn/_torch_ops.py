@@ -14,7 +14,7 @@ Ops (namespace ``flashattn``); outputs are new tensors (out, softmax_lse), softm
   k/v) and the optional scratch workspace.
 
 Each has a fake (meta) implementation giving the output shapes and dtypes from the input shapes,
-so that tracing never runs the library. Eager calls on plain tensors skip the dispatcher and run
+so that tracing never runs the library (out is bf16 for an e4m3 q: _frameworks.out_dtype_name). Eager calls on plain tensors skip the dispatcher and run
 the same implementation directly (the op adds host work per call and nothing else); calls being
 compiled (torch.compiler.is_compiling()) or on tensor subclasses (fake, functional) go through the
 op. ``out=`` is written directly in eager calls; in a compiled graph the op's output is copied
@@ -25,24 +25,20 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C
-from ._frameworks import _contiguous_last_dim, to_extension
-
-_to_dlpack = torch.utils.dlpack.to_dlpack
+from ._frameworks import _contiguous_last_dim, out_dtype_name, to_extension, torch_capsule
 _NO_LSE = (0,)  # shape of the softmax_lse output when it is not asked for
 
 
 # ---- shared by the ops and the eager path -------------------------------------------------------
 
 def _x(t):
-    """A tensor as the extension takes it: for torch a DLPack capsule (None stays None; an
-    argument of another framework in an eager call goes the generic way)."""
+    """A tensor as the extension takes it: for torch _frameworks.torch_capsule (None stays None;
+    an argument of another framework in an eager call goes the generic way)."""
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
         return to_extension(t)
-    if t.requires_grad:  # DLPack refuses tensors that require grad; grad use is refused earlier
-        t = t.detach()
-    return _to_dlpack(t)
+    return torch_capsule(t)
 
 
 def _in(t):
@@ -78,40 +74,46 @@ def _eager(q) -> bool:
     return type(q) is torch.Tensor and not torch.compiler.is_compiling()
 
 
-def _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, left, right, softcap):
-    _C.forward(_in(q), _in(k), _in(v), _x(out), _x(lse), _in(alibi_slopes), softmax_scale, causal,
-               left, right, softcap, _stream(q), _num_threads())
+def _run_dense(q, k, v, out, lse, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
+               causal, left, right, softcap):
+    _C.forward(_in(q), _in(k), _in(v), _x(out), _x(lse), _in(alibi_slopes), _in(q_descale),
+               _in(k_descale), _in(v_descale), softmax_scale, causal, left, right, softcap,
+               _stream(q), _num_threads())
 
 
 def _run_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale, causal, left,
-                right, softcap):
+                seqused_k, leftpad_k, block_table, alibi_slopes, q_descale, k_descale, v_descale,
+                softmax_scale, causal, left, right, softcap):
     _C.forward_varlen(_in(q), _in(k), _in(v), _x(out), _in(cu_seqlens_q), _in(cu_seqlens_k),
                       max_seqlen_q, max_seqlen_k, _in(seqused_k), _in(leftpad_k), _in(block_table),
-                      _x(lse), _in(alibi_slopes), softmax_scale, causal, left, right, softcap,
-                      _stream(q), _num_threads())
+                      _x(lse), _in(alibi_slopes), _in(q_descale), _in(k_descale), _in(v_descale),
+                      softmax_scale, causal, left, right, softcap, _stream(q), _num_threads())
 
 
 def _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale, causal,
-                 left, right, softcap, rotary_interleaved, num_splits, workspace):
+                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, q_descale, k_descale,
+                 v_descale, softmax_scale, causal, left, right, softcap, rotary_interleaved,
+                 num_splits, workspace):
     _C.forward_kvcache(_in(q), _x(k_cache), _x(v_cache), _x(out), _in(k), _in(v), _in(rotary_cos),
                        _in(rotary_sin), _in(cache_seqlens), _in(cache_batch_idx),
                        _in(cache_leftpad), _in(block_table), _x(lse), _in(alibi_slopes),
+                       _in(q_descale), _in(k_descale), _in(v_descale),
                        softmax_scale, causal, left, right, softcap, rotary_interleaved,
                        num_splits, _x(workspace), _stream(q), _num_threads())
 
 
 def _graph_workspace(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                     cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
-                     causal, left, right, softcap, rotary_interleaved, num_splits):
+                     cache_batch_idx, cache_leftpad, block_table, alibi_slopes, q_descale,
+                     k_descale, v_descale, softmax_scale, causal, left, right, softcap,
+                     rotary_interleaved, num_splits):
     """Scratch for a flash_attn_with_kvcache call being captured into a CUDA graph
     (mode="reduce-overhead"): from torch's allocator, i.e. the graph's memory pool, of the size
     the planner gives."""
     plan = _C.plan_kvcache(_x(q), _x(k_cache), _x(v_cache), _x(k), _x(v), _x(rotary_cos),
                            _x(rotary_sin), _x(cache_seqlens), _x(cache_batch_idx),
-                           _x(cache_leftpad), _x(block_table), _x(alibi_slopes), softmax_scale,
-                           causal, left, right, softcap, rotary_interleaved, num_splits)
+                           _x(cache_leftpad), _x(block_table), _x(alibi_slopes), _x(q_descale),
+                           _x(k_descale), _x(v_descale), softmax_scale, causal, left, right,
+                           softcap, rotary_interleaved, num_splits)
     workspace_bytes = plan[2]  # (num_splits, pack_gqa, workspace_bytes, ...)
     return torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
 
@@ -128,9 +130,11 @@ def _varlen_shapes(q, v):
 
 
 def _allocate(q, v, shapes, return_lse, out=None):
-    """(out, softmax_lse): out= or a new tensor like q; lse (float32) when asked for, else None."""
+    """(out, softmax_lse): out= or a new tensor like q (bf16 for an e4m3 q); lse (float32) when
+    asked for, else None."""
     out_shape, lse_shape = shapes(q, v)
-    out = q.new_empty(out_shape) if out is None else out
+    if out is None:
+        out = q.new_empty(out_shape, dtype=getattr(torch, out_dtype_name(q)))
     lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
     return out, lse
 
@@ -144,17 +148,19 @@ def _op_outputs(out, lse, q):
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
-         softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-         softcap: float, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+         q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+         v_descale: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool,
+         window_left: int, window_right: int, softcap: float,
+         return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _allocate(q, v, _dense_shapes, return_lse)
-    _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, window_left, window_right,
-               softcap)
+    _run_dense(q, k, v, out, lse, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
+               causal, window_left, window_right, softcap)
     return _op_outputs(out, lse, q)
 
 
 @_fwd.register_fake
-def _fwd_fake(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,
-              return_lse):
+def _fwd_fake(q, k, v, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale, causal,
+              window_left, window_right, softcap, return_lse):
     return _op_outputs(*_allocate(q, v, _dense_shapes, return_lse), q)
 
 
@@ -163,20 +169,21 @@ def _fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                 seqused_k: Optional[torch.Tensor], leftpad_k: Optional[torch.Tensor],
                 block_table: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
-                softmax_scale: Optional[float], causal: bool, window_left: int,
-                window_right: int, softcap: float,
+                q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+                v_descale: Optional[torch.Tensor], softmax_scale: Optional[float], causal: bool,
+                window_left: int, window_right: int, softcap: float,
                 return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _allocate(q, v, _varlen_shapes, return_lse)
     _run_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale, causal,
-                window_left, window_right, softcap)
+                seqused_k, leftpad_k, block_table, alibi_slopes, q_descale, k_descale, v_descale,
+                softmax_scale, causal, window_left, window_right, softcap)
     return _op_outputs(out, lse, q)
 
 
 @_fwd_varlen.register_fake
 def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                     leftpad_k, block_table, alibi_slopes, softmax_scale, causal, window_left,
-                     window_right, softcap, return_lse):
+                     leftpad_k, block_table, alibi_slopes, q_descale, k_descale, v_descale,
+                     softmax_scale, causal, window_left, window_right, softcap, return_lse):
     return _op_outputs(*_allocate(q, v, _varlen_shapes, return_lse), q)
 
 
@@ -187,27 +194,31 @@ def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
                  cache_seqlens: Optional[torch.Tensor], cache_batch_idx: Optional[torch.Tensor],
                  cache_leftpad: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-                 alibi_slopes: Optional[torch.Tensor], softmax_scale: Optional[float],
-                 causal: bool, window_left: int, window_right: int, softcap: float,
-                 rotary_interleaved: bool, num_splits: int, return_lse: bool,
+                 alibi_slopes: Optional[torch.Tensor], q_descale: Optional[torch.Tensor],
+                 k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor],
+                 softmax_scale: Optional[float], causal: bool, window_left: int,
+                 window_right: int, softcap: float, rotary_interleaved: bool, num_splits: int,
+                 return_lse: bool,
                  workspace: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _allocate(q, v_cache, _dense_shapes, return_lse)
     if workspace is None and q.is_cuda and torch.cuda.is_current_stream_capturing():
         workspace = _graph_workspace(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                      cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                     alibi_slopes, softmax_scale, causal, window_left,
-                                     window_right, softcap, rotary_interleaved, num_splits)
+                                     alibi_slopes, q_descale, k_descale, v_descale,
+                                     softmax_scale, causal, window_left, window_right, softcap,
+                                     rotary_interleaved, num_splits)
     _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale, causal,
-                 window_left, window_right, softcap, rotary_interleaved, num_splits, workspace)
+                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes, q_descale, k_descale,
+                 v_descale, softmax_scale, causal, window_left, window_right, softcap,
+                 rotary_interleaved, num_splits, workspace)
     return _op_outputs(out, lse, q)
 
 
 @_fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                      cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
-                      causal, window_left, window_right, softcap, rotary_interleaved, num_splits,
-                      return_lse, workspace):
+                      cache_batch_idx, cache_leftpad, block_table, alibi_slopes, q_descale,
+                      k_descale, v_descale, softmax_scale, causal, window_left, window_right,
+                      softcap, rotary_interleaved, num_splits, return_lse, workspace):
     return _op_outputs(*_allocate(q, v_cache, _dense_shapes, return_lse), q)
 
 
@@ -223,36 +234,40 @@ def _into(out, result):
     return out
 
 
-def dense(q, k, v, out, alibi_slopes, softmax_scale, causal, left, right, softcap, return_lse):
+def dense(q, k, v, out, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale, causal,
+          left, right, softcap, return_lse):
     refuse_grad(q, k, v, alibi_slopes)
     if _eager(q):
         out, lse = _allocate(q, v, _dense_shapes, return_lse, out)
-        _run_dense(q, k, v, out, lse, alibi_slopes, softmax_scale, causal, left, right, softcap)
+        _run_dense(q, k, v, out, lse, alibi_slopes, q_descale, k_descale, v_descale,
+                   softmax_scale, causal, left, right, softcap)
         return out, lse
-    result, lse = _fwd(q, k, v, alibi_slopes, softmax_scale, causal, left, right, softcap,
-                       return_lse)
+    result, lse = _fwd(q, k, v, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
+                       causal, left, right, softcap, return_lse)
     return _into(out, result), (lse if return_lse else None)
 
 
 def varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-           leftpad_k, block_table, alibi_slopes, softmax_scale, causal, left, right, softcap,
-           return_lse):
+           leftpad_k, block_table, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
+           causal, left, right, softcap, return_lse):
     refuse_grad(q, k, v, alibi_slopes)
     if _eager(q):
         out, lse = _allocate(q, v, _varlen_shapes, return_lse, out)
         _run_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale, causal, left,
-                    right, softcap)
+                    seqused_k, leftpad_k, block_table, alibi_slopes, q_descale, k_descale,
+                    v_descale, softmax_scale, causal, left, right, softcap)
         return out, lse
     result, lse = _fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              seqused_k, leftpad_k, block_table, alibi_slopes, softmax_scale,
-                              causal, left, right, softcap, return_lse)
+                              seqused_k, leftpad_k, block_table, alibi_slopes, q_descale,
+                              k_descale, v_descale, softmax_scale, causal, left, right, softcap,
+                              return_lse)
     return _into(out, result), (lse if return_lse else None)
 
 
 def kvcache(q, k_cache, v_cache, out, k, v, rotary_cos, rotary_sin, cache_seqlens,
-            cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale, causal,
-            left, right, softcap, rotary_interleaved, num_splits, return_lse, workspace):
+            cache_batch_idx, cache_leftpad, block_table, alibi_slopes, q_descale, k_descale,
+            v_descale, softmax_scale, causal, left, right, softcap, rotary_interleaved,
+            num_splits, return_lse, workspace):
     refuse_grad(q, k_cache, v_cache, k, v, alibi_slopes)
     if isinstance(cache_seqlens, int):  # flash_attn accepts an int: every sequence holds it
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
@@ -260,11 +275,13 @@ def kvcache(q, k_cache, v_cache, out, k, v, rotary_cos, rotary_sin, cache_seqlen
     if _eager(q):
         out, lse = _allocate(q, v_cache, _dense_shapes, return_lse, out)
         _run_kvcache(q, k_cache, v_cache, out, lse, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                     cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
-                     causal, left, right, softcap, rotary_interleaved, num_splits, workspace)
+                     cache_batch_idx, cache_leftpad, block_table, alibi_slopes, q_descale,
+                     k_descale, v_descale, softmax_scale, causal, left, right, softcap,
+                     rotary_interleaved, num_splits, workspace)
         return out, lse
     result, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                               softmax_scale, causal, left, right, softcap, rotary_interleaved,
-                               num_splits, return_lse, workspace)
+                               q_descale, k_descale, v_descale, softmax_scale, causal, left,
+                               right, softcap, rotary_interleaved, num_splits, return_lse,
+                               workspace)
     return _into(out, result), (lse if return_lse else None)

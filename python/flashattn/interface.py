@@ -13,6 +13,15 @@ Same function names, argument names, defaults and return conventions as ``flash_
   call, e.g. one captured in a CUDA graph, allocates nothing); ``flash_attn_varlen_func`` also
   takes ``seqused_k=`` and ``leftpad_k=``.
 * A row that sees no key has output 0 and LSE -inf (flash_attn writes +inf).
+* FP8 (e4m3), as FlashAttention-3 has it: ``flash_attn_func``, ``flash_attn_varlen_func`` and
+  ``flash_attn_with_kvcache`` take float8_e4m3fn tensors (torch.float8_e4m3fn, NumPy
+  ml_dtypes.float8_e4m3fn) and the keyword-only ``q_descale``, ``k_descale``, ``v_descale``:
+  fp32 tensors, a scalar (shape () or (1)) or one factor per (batch, KV head), shape
+  (batch, num_heads_k); the real value of a stored element x is descale * x (None: 1). Prefill:
+  q, k and v all e4m3, out bf16. KV cache: an e4m3 k_cache/v_cache under a bf16/fp16 q (out has
+  q's dtype) or an e4m3 q (out bf16); k/v to append have out's dtype and are quantized into the
+  cache with k_descale/v_descale (e4m3(x / descale), to nearest even, saturated at +-448).
+  softmax_lse stays float32.
 
 torch tensors go through flashattn._torch_ops (torch custom ops, for torch.compile and CUDA
 graphs); other frameworks through flashattn._frameworks.
@@ -28,7 +37,7 @@ from collections import namedtuple
 
 from . import _C
 from ._frameworks import (WORKSPACE_ALIGNMENT, Context, _contiguous_last_dim, framework_of,
-                          to_extension)
+                          out_dtype_name, to_extension)
 
 __all__ = [
     "flash_attn_func",
@@ -165,8 +174,9 @@ def _check_out(out):
 
 
 def _output(ctx, out, shape):
+    """out=, or a new out of q's framework (bf16 for an e4m3 q, else q's dtype)."""
     _check_out(out)
-    return out if out is not None else ctx.empty(shape)
+    return out if out is not None else ctx.empty(shape, out_dtype_name(ctx.like))
 
 
 def _x(x):
@@ -202,10 +212,13 @@ def _torch_ops():
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, out=None):
+                    return_attn_probs=False, *, out=None, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Attention over q (b, sq, h, d), k/v (b, sk, hk, d); returns out (b, sq, h, d).
 
     With return_attn_probs=True returns (out, softmax_lse (b, h, sq) float32, None).
+    q, k, v in float8_e4m3fn: out is bf16; q_descale, k_descale, v_descale (fp32, scalar or
+    (b, hk)) give their scales (module docstring).
     """
     _check_dropout(dropout_p)
     left, right = _window(window_size)
@@ -214,14 +227,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     dv = _shape(v, "v", (4,))[-1]
     scale, softcap, causal = _scale(softmax_scale), _float(softcap, "softcap"), _flag(causal, "causal")
     if _is_torch(q):
-        out, lse = _torch_ops().dense(q, k, v, out, alibi_slopes, scale, causal, left, right,
-                                      softcap, bool(return_attn_probs))
+        out, lse = _torch_ops().dense(q, k, v, out, alibi_slopes, q_descale, k_descale,
+                                      v_descale, scale, causal, left, right, softcap,
+                                      bool(return_attn_probs))
         return (out, lse, None) if return_attn_probs else out
     ctx = Context(q)
     out = _output(ctx, out, (b, sq, h, dv))
     lse = ctx.empty((b, h, sq), "float32") if return_attn_probs else None
-    _C.forward(_x(q), _x(k), _x(v), _w(out), _w(lse), _x(alibi_slopes),
-               scale, causal, left, right, softcap, ctx.stream(), _num_threads)
+    _C.forward(_x(q), _x(k), _x(v), _w(out), _w(lse), _x(alibi_slopes), _x(q_descale),
+               _x(k_descale), _x(v_descale), scale, causal, left, right, softcap, ctx.stream(),
+               _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -257,11 +272,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           seqused_k=None, leftpad_k=None, out=None):
+                           seqused_k=None, leftpad_k=None, out=None, q_descale=None,
+                           k_descale=None, v_descale=None):
     """Packed sequences: q (total_q, h, d), k/v (total_k, hk, d) by cu_seqlens_q/_k (b + 1,
     int32), or with block_table (b, max_pages) a paged k/v (num_pages, page_size, hk, d).
 
     Returns out (total_q, h, d); with return_attn_probs=True (out, softmax_lse (h, total_q), None).
+    FP8 as flash_attn_func (descales (b, hk): one row per sequence).
     """
     _check_dropout(dropout_p)
     left, right = _window(window_size)
@@ -276,16 +293,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if _is_torch(q):
         out, lse = _torch_ops().varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, seqused_k, leftpad_k, block_table,
-                                       alibi_slopes, scale, causal, left, right, softcap,
-                                       bool(return_attn_probs))
+                                       alibi_slopes, q_descale, k_descale, v_descale, scale,
+                                       causal, left, right, softcap, bool(return_attn_probs))
         return (out, lse, None) if return_attn_probs else out
     ctx = Context(q)
     out = _output(ctx, out, (total_q, h, dv))
     lse = ctx.empty((h, total_q), "float32") if return_attn_probs else None
     _C.forward_varlen(_x(q), _x(k), _x(v), _w(out), _x(cu_seqlens_q), _x(cu_seqlens_k),
                       max_seqlen_q, max_seqlen_k, _x(seqused_k), _x(leftpad_k),
-                      _x(block_table), _w(lse), _x(alibi_slopes), scale,
-                      causal, left, right, softcap, ctx.stream(), _num_threads)
+                      _x(block_table), _w(lse), _x(alibi_slopes), _x(q_descale),
+                      _x(k_descale), _x(v_descale), scale, causal, left, right, softcap,
+                      ctx.stream(), _num_threads)
     if return_attn_probs:
         return ctx.result(out), ctx.result(lse), None
     return ctx.result(out)
@@ -343,7 +361,8 @@ def _cache_seqlens(ctx, cache_seqlens, batch):
 def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                  cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                  softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                 rotary_interleaved=True, alibi_slopes=None, num_splits=0):
+                 rotary_interleaved=True, alibi_slopes=None, num_splits=0, *, q_descale=None,
+                 k_descale=None, v_descale=None):
     """What flash_attn_with_kvcache will do with these arguments (a host-side function of the
     shapes and options; it reads no tensor data): KVCachePlan(num_splits, pack_gqa,
     workspace_bytes, kernel), kernel being the name of the kernel that will run the call
@@ -359,7 +378,8 @@ def plan_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_si
     num_splits, pack_gqa, workspace_bytes, kernel = _C.plan_kvcache(
         _x(q), _w(k_cache), _w(v_cache), _x(k), _x(v), _x(rotary_cos), _x(rotary_sin),
         _x(cache_seqlens), _x(cache_batch_idx), _x(cache_leftpad), _x(block_table),
-        _x(alibi_slopes), scale, _flag(causal, "causal"), left, right, softcap,
+        _x(alibi_slopes), _x(q_descale), _x(k_descale), _x(v_descale), scale,
+        _flag(causal, "causal"), left, right, softcap,
         _flag(rotary_interleaved, "rotary_interleaved"), num_splits)
     return KVCachePlan(num_splits, pack_gqa, workspace_bytes, kernel)
 
@@ -381,7 +401,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, out=None, workspace=None):
+                            return_softmax_lse=False, *, out=None, workspace=None,
+                            q_descale=None, k_descale=None, v_descale=None):
     """Decode/prefill against a KV cache (b_cache, max_sk, hk, d), or paged with block_table
     (num_pages, page_size, hk, d; any page size). k/v (b, s_new, hk, d), when given, are written
     into the cache at rows cache_seqlens[b]... (in place) before attending; rotary_cos/sin
@@ -391,6 +412,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     workspace=: scratch of plan_kvcache(...).workspace_bytes from allocate_workspace; without it
     the backend uses a scratch buffer it keeps per CUDA stream (and allocates one per call while
     the stream is being captured into a CUDA graph: pass workspace= there).
+    FP8: an e4m3 k_cache/v_cache under a bf16/fp16 q (out q's dtype) or an e4m3 q (out bf16),
+    with q_descale, k_descale, v_descale (fp32, scalar or (b, hk)); appended k/v have out's
+    dtype and are quantized into the cache (module docstring).
     """
     left, right = _window(window_size)
     b, sq, h, _ = _shape(q, "q", (4,))
@@ -402,8 +426,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _check_cache_seqlens(cache_seqlens)
         out, lse = _torch_ops().kvcache(q, k_cache, v_cache, out, k, v, rotary_cos, rotary_sin,
                                         cache_seqlens, cache_batch_idx, cache_leftpad,
-                                        block_table, alibi_slopes, scale, causal, left, right,
-                                        softcap, rotary_interleaved, num_splits,
+                                        block_table, alibi_slopes, q_descale, k_descale,
+                                        v_descale, scale, causal, left, right, softcap,
+                                        rotary_interleaved, num_splits,
                                         bool(return_softmax_lse), workspace)
         return (out, lse) if return_softmax_lse else out
     ctx = Context(q)
@@ -413,7 +438,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _C.forward_kvcache(_x(q), _w(k_cache), _w(v_cache), _w(out), _x(k), _x(v),
                        _x(rotary_cos), _x(rotary_sin), _x(cache_seqlens),
                        _x(cache_batch_idx), _x(cache_leftpad), _x(block_table), _w(lse),
-                       _x(alibi_slopes), scale, causal, left, right, softcap,
+                       _x(alibi_slopes), _x(q_descale), _x(k_descale), _x(v_descale), scale,
+                       causal, left, right, softcap,
                        rotary_interleaved, num_splits,
                        _w(workspace), ctx.stream(), _num_threads)
     if return_softmax_lse:

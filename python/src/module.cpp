@@ -31,11 +31,21 @@ using flashattn::DType;
 using flashattn::Error;
 using flashattn::Tensor;
 
-// The Python layer marks a 16-bit array that holds bfloat16 bit patterns (NumPy with
-// ml_dtypes.bfloat16, which DLPack cannot export) as the tuple (kBf16BitsTag, uint16 view).
-constexpr const char* kBf16BitsTag = "bfloat16_bits";
+// The Python layer marks an integer array that holds the bit patterns of a dtype DLPack cannot
+// export as the tuple (tag, integer view): bfloat16 (NumPy with ml_dtypes.bfloat16) as a uint16
+// view, float8_e4m3fn (torch, NumPy with ml_dtypes) as a uint8 view.
+constexpr int kBits8 = 8;
 constexpr int kBits16 = 16;
 constexpr int kBits32 = 32;
+
+struct BitsTag {
+  const char* tag;
+  int bits;  // of the integer view
+  DType dtype;
+};
+constexpr BitsTag kBf16Bits{"bfloat16_bits", kBits16, DType::bf16};
+constexpr BitsTag kE4m3Bits{"float8_e4m3fn_bits", kBits8, DType::e4m3};
+constexpr BitsTag kBitsTags[] = {kBf16Bits, kE4m3Bits};
 
 [[noreturn]] void fail(Error::Kind kind, const std::string& message) { throw Error(kind, message); }
 
@@ -61,20 +71,22 @@ std::string dlpack_dtype_name(const nb::dlpack::dtype& dt) {
   return name;
 }
 
-DType to_dtype(const nb::dlpack::dtype& dt, bool bf16_bits, const char* name) {
+// bits: the tag the Python layer put on an integer view (nullptr: none).
+DType to_dtype(const nb::dlpack::dtype& dt, const BitsTag* bits, const char* name) {
   using Code = nb::dlpack::dtype_code;
   const auto code = static_cast<Code>(dt.code);
   if (dt.lanes == 1) {
     if (code == Code::Float && dt.bits == kBits16) return DType::f16;
     if (code == Code::Float && dt.bits == kBits32) return DType::f32;
     if (code == Code::Bfloat && dt.bits == kBits16) return DType::bf16;
+    if (code == Code::Float8_E4M3FN && dt.bits == kBits8) return DType::e4m3;
     if (code == Code::Int && dt.bits == kBits32) return DType::i32;
-    if (bf16_bits && (code == Code::UInt || code == Code::Int) && dt.bits == kBits16)
-      return DType::bf16;
+    if (bits && (code == Code::UInt || code == Code::Int) && dt.bits == bits->bits)
+      return bits->dtype;
   }
   fail(Error::Kind::type_error, std::string(name) + ": dtype " + dlpack_dtype_name(dt) +
-                                    " is not supported; expected float16, bfloat16, float32 " +
-                                    "or int32");
+                                    " is not supported; expected float16, bfloat16, " +
+                                    "float8_e4m3fn, float32 or int32");
 }
 
 Device to_device(int device_type, const char* name) {
@@ -85,17 +97,23 @@ Device to_device(int device_type, const char* name) {
            " is not supported; expected CPU (1) or CUDA (2)");
 }
 
+// How many dimensions an argument may have at least: 1, or 0 for the FP8 descale factors
+// (a scalar may have shape ()).
+enum class MinDims { one, zero };
+
 // A flashattn::Tensor view of an imported DLPack array (strides in elements, as DLPack has).
 template <typename Array>
-Tensor view_of(const Array& a, bool bf16_bits, const char* name) {
+Tensor view_of(const Array& a, const BitsTag* bits, const char* name, MinDims min_dims) {
   const int ndim = static_cast<int>(a.ndim());
-  if (ndim < 1 || ndim > flashattn::kMaxDims)
+  const int least = min_dims == MinDims::zero ? 0 : 1;
+  if (ndim < least || ndim > flashattn::kMaxDims)
     fail(Error::Kind::invalid_argument, std::string(name) + ": has " + std::to_string(ndim) +
-                                            " dimensions; flashattn tensors have 1 to " +
+                                            " dimensions; flashattn tensors have " +
+                                            std::to_string(least) + " to " +
                                             std::to_string(flashattn::kMaxDims));
   Tensor t;
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  t.dtype = to_dtype(a.dtype(), bf16_bits, name);
+  t.dtype = to_dtype(a.dtype(), bits, name);
   t.device = to_device(a.device_type(), name);
   t.device_index = t.device == Device::cuda ? a.device_id() : 0;
   t.ndim = ndim;
@@ -125,50 +143,67 @@ struct TensorArg {
   Tensor tensor;
 };
 
-// Unwraps the (kBf16BitsTag, array) marker of the Python layer.
-nb::handle unwrap(nb::handle obj, bool* bf16_bits) {
-  *bf16_bits = false;
+// Unwraps a (tag, array) marker of the Python layer (kBitsTags); *bits: its tag, or nullptr.
+nb::handle unwrap(nb::handle obj, const BitsTag** bits) {
+  *bits = nullptr;
   if (nb::isinstance<nb::tuple>(obj)) {
     nb::tuple tup = nb::borrow<nb::tuple>(obj);
-    if (tup.size() == 2 && nb::isinstance<nb::str>(tup[0]) &&
-        nb::cast<std::string>(tup[0]) == kBf16BitsTag) {
-      *bf16_bits = true;
-      return tup[1];
+    if (tup.size() == 2 && nb::isinstance<nb::str>(tup[0])) {
+      const std::string tag = nb::cast<std::string>(tup[0]);
+      for (const BitsTag& known : kBitsTags) {
+        if (tag == known.tag) {
+          *bits = &known;
+          return tup[1];
+        }
+      }
     }
   }
   return obj;
 }
 
-TensorArg import_input(nb::handle obj, const char* name) {
+TensorArg import_input(nb::handle obj, const char* name, MinDims min_dims = MinDims::one) {
   TensorArg arg;
   if (obj.is_none()) return arg;
-  bool bf16_bits = false;
-  nb::handle src = unwrap(obj, &bf16_bits);
+  const BitsTag* bits = nullptr;
+  nb::handle src = unwrap(obj, &bits);
   if (!nb::try_cast(src, arg.input, /*convert=*/false))
     fail(Error::Kind::type_error, std::string(name) + ": expected a DLPack tensor (NumPy, " +
                                       "PyTorch, CuPy, JAX), got " + py_type_name(src));
-  arg.tensor = view_of(arg.input, bf16_bits, name);
+  arg.tensor = view_of(arg.input, bits, name, min_dims);
   return arg;
 }
 
 TensorArg import_output(nb::handle obj, const char* name) {
   TensorArg arg;
   if (obj.is_none()) return arg;
-  bool bf16_bits = false;
-  nb::handle src = unwrap(obj, &bf16_bits);
+  const BitsTag* bits = nullptr;
+  nb::handle src = unwrap(obj, &bits);
   if (!nb::try_cast(src, arg.output, /*convert=*/false))
     fail(Error::Kind::type_error, std::string(name) + ": expected a writable DLPack tensor " +
                                       "(NumPy, PyTorch, CuPy), got " + py_type_name(src) +
                                       " (read-only or not a tensor)");
-  arg.tensor = view_of(arg.output, bf16_bits, name);
+  arg.tensor = view_of(arg.output, bits, name, MinDims::one);
   return arg;
 }
+
+// The FP8 descale factors of a call (AttentionOptions::q/k/v_descale), None where not given.
+struct Descales {
+  TensorArg q, k, v;
+  Descales(nb::handle q_descale, nb::handle k_descale, nb::handle v_descale)
+      : q(import_input(q_descale, "q_descale", MinDims::zero)),
+        k(import_input(k_descale, "k_descale", MinDims::zero)),
+        v(import_input(v_descale, "v_descale", MinDims::zero)) {}
+};
 
 flashattn::AttentionOptions make_options(std::optional<float> softmax_scale, bool causal,
                                          int window_left, int window_right, float softcap,
                                          const Tensor& alibi_slopes, const Tensor& softmax_lse,
-                                         std::uintptr_t stream, int num_threads) {
+                                         const Descales& descales, std::uintptr_t stream,
+                                         int num_threads) {
   flashattn::AttentionOptions o;
+  o.q_descale = descales.q.tensor;
+  o.k_descale = descales.k.tensor;
+  o.v_descale = descales.v.tensor;
   o.softmax_scale = softmax_scale;
   o.causal = causal;
   o.window_left = window_left;
@@ -184,14 +219,16 @@ flashattn::AttentionOptions make_options(std::optional<float> softmax_scale, boo
 // ---- entry points ------------------------------------------------------------------------------
 
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle softmax_lse,
-             nb::handle alibi_slopes, std::optional<float> softmax_scale, bool causal,
+             nb::handle alibi_slopes, nb::handle q_descale, nb::handle k_descale,
+             nb::handle v_descale, std::optional<float> softmax_scale, bool causal,
              int window_left, int window_right, float softcap, std::uintptr_t stream,
              int num_threads) {
   TensorArg tq = import_input(q, "q"), tk = import_input(k, "k"), tv = import_input(v, "v");
   TensorArg to = import_output(out, "out"), tl = import_output(softmax_lse, "softmax_lse");
   TensorArg ta = import_input(alibi_slopes, "alibi_slopes");
+  Descales descales(q_descale, k_descale, v_descale);
   auto options = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              ta.tensor, tl.tensor, stream, num_threads);
+                              ta.tensor, tl.tensor, descales, stream, num_threads);
   nb::gil_scoped_release nogil;
   flashattn::forward(tq.tensor, tk.tensor, tv.tensor, to.tensor, options);
 }
@@ -200,6 +237,7 @@ void forward_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
                     nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int max_seqlen_q,
                     int max_seqlen_k, nb::handle seqused_k, nb::handle leftpad_k,
                     nb::handle block_table, nb::handle softmax_lse, nb::handle alibi_slopes,
+                    nb::handle q_descale, nb::handle k_descale, nb::handle v_descale,
                     std::optional<float> softmax_scale, bool causal, int window_left,
                     int window_right, float softcap, std::uintptr_t stream, int num_threads) {
   TensorArg tq = import_input(q, "q"), tk = import_input(k, "k"), tv = import_input(v, "v");
@@ -218,8 +256,9 @@ void forward_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
   args.seqused_k = tsu.tensor;
   args.leftpad_k = tlp.tensor;
   args.block_table = tbt.tensor;
+  Descales descales(q_descale, k_descale, v_descale);
   auto options = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              ta.tensor, tl.tensor, stream, num_threads);
+                              ta.tensor, tl.tensor, descales, stream, num_threads);
   nb::gil_scoped_release nogil;
   flashattn::forward_varlen(tq.tensor, tk.tensor, tv.tensor, to.tensor, args, options);
 }
@@ -267,13 +306,15 @@ std::tuple<int, bool, size_t, std::string> plan_kvcache(
     nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k, nb::handle v,
     nb::handle rotary_cos, nb::handle rotary_sin, nb::handle cache_seqlens,
     nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
-    nb::handle alibi_slopes, std::optional<float> softmax_scale, bool causal, int window_left,
-    int window_right, float softcap, bool rotary_interleaved, int num_splits) {
+    nb::handle alibi_slopes, nb::handle q_descale, nb::handle k_descale, nb::handle v_descale,
+    std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
+    float softcap, bool rotary_interleaved, int num_splits) {
   KVCacheCall call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, block_table, alibi_slopes, nb::none(),
                    rotary_interleaved, num_splits);
+  Descales descales(q_descale, k_descale, v_descale);
   auto options = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              call.alibi_slopes.tensor, Tensor{}, 0, 0);
+                              call.alibi_slopes.tensor, Tensor{}, descales, 0, 0);
   flashattn::Plan plan =
       flashattn::plan_kvcache(call.q.tensor, call.k_cache.tensor, call.v_cache.tensor,
                               call.args, options);
@@ -313,7 +354,8 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
                      nb::handle k, nb::handle v, nb::handle rotary_cos, nb::handle rotary_sin,
                      nb::handle cache_seqlens, nb::handle cache_batch_idx,
                      nb::handle cache_leftpad, nb::handle block_table, nb::handle softmax_lse,
-                     nb::handle alibi_slopes, std::optional<float> softmax_scale, bool causal,
+                     nb::handle alibi_slopes, nb::handle q_descale, nb::handle k_descale,
+                     nb::handle v_descale, std::optional<float> softmax_scale, bool causal,
                      int window_left, int window_right, float softcap, bool rotary_interleaved,
                      int num_splits, nb::handle workspace, std::uintptr_t stream,
                      int num_threads) {
@@ -326,8 +368,9 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
     fail(Error::Kind::type_error,
          "workspace: expected a writable DLPack tensor, got " + py_type_name(workspace));
   attach_workspace(ws, call.q.tensor, &call.args);
+  Descales descales(q_descale, k_descale, v_descale);
   auto options = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              call.alibi_slopes.tensor, call.softmax_lse.tensor, stream,
+                              call.alibi_slopes.tensor, call.softmax_lse.tensor, descales, stream,
                               num_threads);
   nb::gil_scoped_release nogil;
   flashattn::forward_kvcache(call.q.tensor, call.k_cache.tensor, call.v_cache.tensor, to.tensor,
@@ -375,6 +418,7 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("out").none(),
         nb::arg("softmax_lse").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("stream"), nb::arg("num_threads"));
   m.def("forward_varlen", &forward_varlen, nb::arg("q").none(), nb::arg("k").none(),
@@ -382,6 +426,7 @@ NB_MODULE(_C, m) {
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("seqused_k").none(),
         nb::arg("leftpad_k").none(), nb::arg("block_table").none(),
         nb::arg("softmax_lse").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("stream"), nb::arg("num_threads"));
   m.def("plan_kvcache", &plan_kvcache, nb::arg("q").none(), nb::arg("k_cache").none(),
@@ -390,6 +435,7 @@ NB_MODULE(_C, m) {
         nb::arg("rotary_sin").none(), nb::arg("cache_seqlens").none(),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
         nb::arg("block_table").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("rotary_interleaved"),
         nb::arg("num_splits"),
@@ -400,6 +446,7 @@ NB_MODULE(_C, m) {
         nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
         nb::arg("cache_leftpad").none(), nb::arg("block_table").none(),
         nb::arg("softmax_lse").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("rotary_interleaved"),
         nb::arg("num_splits"), nb::arg("workspace").none(), nb::arg("stream"),
@@ -408,6 +455,7 @@ NB_MODULE(_C, m) {
   m.def("check_device_status", &check_device_status, nb::arg("stream"));
   m.def("cuda_available", &flashattn::cuda_available);
   m.def("build_info", &flashattn::build_info);
-  m.attr("BF16_BITS_TAG") = kBf16BitsTag;
+  m.attr("BF16_BITS_TAG") = kBf16Bits.tag;
+  m.attr("E4M3_BITS_TAG") = kE4m3Bits.tag;
   m.attr("MAX_SPLITS") = flashattn::kMaxSplits;
 }

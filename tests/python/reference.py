@@ -4,6 +4,10 @@ Written from the semantics in docs (FlashAttention-2's), sharing no code with sr
 score matrix of each (sequence, head), the masks written as inequalities, softmax by np.exp.
 ``lowp`` gives the "naive same-dtype" variant of the pass rule: probabilities and output
 rounded to the storage dtype.
+
+FP8 (e4m3): the oracle attends over the dequantized inputs (``dequantize``: descale * stored);
+``round_e4m3`` is the e4m3 rounding written from the format (1-4-3 bits, bias 7, max 448), for
+the rows a kv-cache call quantizes into an e4m3 cache.
 """
 from __future__ import annotations
 
@@ -13,6 +17,50 @@ import numpy as np
 def round_to(x, dtype):
     """x rounded to a storage dtype, returned as float64."""
     return np.asarray(x).astype(dtype).astype(np.float64)
+
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
+E4M3_MIN_NORMAL_EXP = -6  # 2^-6: below it the spacing stays 2^-9 (subnormals)
+
+
+def round_e4m3(x):
+    """x rounded to the nearest float8_e4m3fn value, ties to even, saturated at +-448 (how the
+    library quantizes), as float64."""
+    x = np.asarray(x, np.float64)
+    _, e = np.frexp(np.abs(x))  # |x| = m * 2^e, m in [0.5, 1): the binade is 2^(e - 1)
+    binade = np.maximum(e - 1, E4M3_MIN_NORMAL_EXP)
+    spacing = np.ldexp(1.0, binade - 3)  # 3 mantissa bits
+    return np.clip(np.round(x / spacing) * spacing, -E4M3_MAX, E4M3_MAX)  # np.round: ties to even
+
+
+def descale_factors(descale, batch, heads):
+    """The factor of each (batch row, head) of a tensor with `heads` heads: (batch, heads). descale:
+    None (1), a scalar (shape () or (1)), or (b, hk) per KV head (a query head uses its KV
+    head's factor)."""
+    if descale is None:
+        return np.ones((batch, heads))
+    d = np.asarray(descale, np.float64)
+    if d.size == 1 and d.ndim < 2:
+        return np.full((batch, heads), float(d.reshape(())))
+    return np.repeat(d, heads // d.shape[1], axis=1)
+
+
+def dequantize(x, descale, batch_of=None):
+    """descale * x in float64 for an e4m3 tensor x (..., heads, d) whose dim 0 is the batch, or with
+    batch_of (x.shape[0]) the sequence of each row / page (varlen rows, paged caches)."""
+    x = np.asarray(x).astype(np.float64)
+    if descale is None:
+        return x
+    rows = np.arange(x.shape[0]) if batch_of is None else np.asarray(batch_of)
+    f = descale_factors(descale, int(rows.max(initial=0)) + 1, x.shape[-2])[rows]
+    return x * f.reshape(f.shape[0], *([1] * (x.ndim - 3)), x.shape[-2], 1)
+
+
+def quantize_rows(x, factors, dtype):
+    """The e4m3 values an e4m3 cache stores for new rows x (s, hk, d) of batch b: x rounded to
+    dtype (out's), divided by the factors (hk) of b in fp32, rounded to e4m3 (round_e4m3)."""
+    x = round_to(x, dtype).astype(np.float32)
+    return round_e4m3(x / np.asarray(factors, np.float32)[None, :, None])
 
 
 def attend(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=0.0, slopes=None,
@@ -137,15 +185,21 @@ def rotary(x, cos, sin, positions, interleaved):
 def kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cos=None, sin=None,
             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
             causal=False, window=(-1, -1), rotary_interleaved=True, alibi=None, dtype=None,
-            **kw):
+            cache_e4m3=False, q_descale=None, k_descale=None, v_descale=None, **kw):
     """flash_attn_with_kvcache in float64. Returns out, lse and the updated caches (float64).
 
     dtype: storage dtype; the rotated q and the appended (rotated) keys are rounded to it, as
-    the implementation stores them in that dtype.
+    the implementation stores them in that dtype. FP8: q, k_cache, v_cache hold the stored values
+    (e4m3 ones as float64) and attention runs on descale * stored; with cache_e4m3 the appended
+    rows are stored quantized (quantize_rows, dtype = out's dtype), and the returned caches hold
+    the stored values.
     """
-    kc = np.array(k_cache, np.float64)
-    vc = np.array(v_cache, np.float64)
+    kc = np.asarray(k_cache).astype(np.float64)
+    vc = np.asarray(v_cache).astype(np.float64)
     b_size, sq = q.shape[:2]
+    hk = kc.shape[2]
+    qf = descale_factors(q_descale, b_size, q.shape[2])
+    kf, vf = descale_factors(k_descale, b_size, hk), descale_factors(v_descale, b_size, hk)
     paged = block_table is not None
     max_sk = kc.shape[1] if not paged else np.asarray(block_table).shape[1] * kc.shape[1]
     seqlens = (np.full(b_size, max_sk) if cache_seqlens is None
@@ -157,7 +211,7 @@ def kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cos=None, sin=None,
     for b in range(b_size):
         row = b if cache_batch_idx is None else int(cache_batch_idx[b])
         end = int(seqlens[b]) + s_new
-        qb = np.asarray(q[b], np.float64)
+        qb = np.asarray(q[b]).astype(np.float64) * qf[b][None, :, None]
         if cos is not None:
             pos = seqlens[b] + (np.arange(sq) if (causal or local) else np.zeros(sq, np.int64))
             qb = rnd(rotary(qb, cos, sin, pos, rotary_interleaved))
@@ -165,7 +219,9 @@ def kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cos=None, sin=None,
             kn = np.asarray(k_new[b], np.float64)
             if cos is not None:
                 kn = rotary(kn, cos, sin, seqlens[b] + np.arange(s_new), rotary_interleaved)
-            kn, vn = rnd(kn), rnd(np.asarray(v_new[b], np.float64))
+            kn, vn = rnd(kn), rnd(np.asarray(v_new[b]).astype(np.float64))
+            if cache_e4m3:
+                kn, vn = quantize_rows(kn, kf[b], dtype), quantize_rows(vn, vf[b], dtype)
             rows = seqlens[b] + np.arange(s_new)
             if paged:
                 ps = kc.shape[1]
@@ -180,6 +236,7 @@ def kvcache(q, k_cache, v_cache, *, k_new=None, v_new=None, cos=None, sin=None,
         else:
             kb, vb = kc[row, :end], vc[row, :end]
         start = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        kb, vb = kb * kf[b][None, :, None], vb * vf[b][None, :, None]  # dequantized (FP8)
         o, l = attend(qb, kb[start:end], vb[start:end], causal=causal, window=window,
                       slopes=slopes_of(alibi, b), **kw)
         outs.append(o)

@@ -507,3 +507,90 @@ def test_jax(dtype):
     naive, _ = dense_ref(tq, tk, tv, causal=True, lowp=dtype)
     assert_close(out, ref, naive, dtype)
     assert_lse(torch.from_numpy(np.array(lse)).cuda(), ref_lse)
+
+
+# ---- FP8 (e4m3, issue 29): against the float64 oracle on the dequantized inputs ----------------
+
+def fp8_cuda(x8, descale):
+    """An e4m3 tensor and its descale (made on the host by fp8_cases.quantize) on the GPU."""
+    return x8.cuda(), None if descale is None else descale.cuda()
+
+
+@pytest.mark.parametrize("descale", ["scalar", "bhk"])
+@pytest.mark.parametrize("b,sq,sk", [(1, 1, 1), (2, 113, 339), (2, 339, 113)])
+@pytest.mark.parametrize("h,hk", [(8, 8), (8, 2), (7, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_dense(descale, b, sq, sk, h, hk, causal):
+    require_instance(torch.bfloat16, 128)  # an e4m3 q computes in bf16
+    from fp8_cases import dq, quantize, randn as host_randn
+    import reference as npref
+    from conftest import assert_fp8_close
+
+    gen = torch.Generator().manual_seed(12)
+    d = 128
+    q8, qd = quantize(host_randn(gen, b, sq, h, d), hk, descale)
+    k8, kd = quantize(host_randn(gen, b, sk, hk, d) * 3, hk, descale)
+    v8, vd = quantize(host_randn(gen, b, sk, hk, d), hk, descale)
+    (cq, cqd), (ck, ckd), (cv, cvd) = fp8_cuda(q8, qd), fp8_cuda(k8, kd), fp8_cuda(v8, vd)
+    out, lse, _ = flashattn.flash_attn_func(cq, ck, cv, causal=causal, return_attn_probs=True,
+                                            q_descale=cqd, k_descale=ckd, v_descale=cvd)
+    assert out.dtype == torch.bfloat16 and out.device == cq.device
+    ref, ref_lse = npref.dense(dq(q8, qd), dq(k8, kd), dq(v8, vd), causal=causal)
+    assert_fp8_close(out.double().cpu().numpy(), ref)
+    assert_fp8_close(lse.double().cpu().numpy(), ref_lse, "lse")
+
+
+def test_fp8_varlen():
+    require_instance(torch.bfloat16, 128)
+    from fp8_cases import cu, dq, quantize, randn as host_randn
+    import reference as npref
+    from conftest import assert_fp8_close
+
+    gen = torch.Generator().manual_seed(13)
+    lq, lk, h, hk, d = [1, 113, 0, 339, 17], [17, 339, 5, 113, 17], 8, 2, 128
+    rows_q, rows_k = np.repeat(np.arange(len(lq)), lq), np.repeat(np.arange(len(lk)), lk)
+    q8, qd = quantize(host_randn(gen, sum(lq), h, d), hk, "bhk", rows_q, len(lq))
+    k8, kd = quantize(host_randn(gen, sum(lk), hk, d), hk, "bhk", rows_k, len(lk))
+    v8, vd = quantize(host_randn(gen, sum(lk), hk, d), hk, "bhk", rows_k, len(lk))
+    (cq, cqd), (ck, ckd), (cv, cvd) = fp8_cuda(q8, qd), fp8_cuda(k8, kd), fp8_cuda(v8, vd)
+    out, lse, _ = flashattn.flash_attn_varlen_func(
+        cq, ck, cv, cu(lq).cuda(), cu(lk).cuda(), max(lq), max(lk), causal=True,
+        return_attn_probs=True, q_descale=cqd, k_descale=ckd, v_descale=cvd)
+    assert out.dtype == torch.bfloat16
+    ref, ref_lse = npref.varlen(dq(q8, qd, rows_q), dq(k8, kd, rows_k), dq(v8, vd, rows_k),
+                                cu(lq).numpy(), cu(lk).numpy(), causal=True)
+    assert_fp8_close(out.double().cpu().numpy(), ref)
+    assert_fp8_close(lse.double().cpu().numpy(), ref_lse, "lse")
+
+
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp16", "e4m3"])
+@pytest.mark.parametrize("page_size", [None, 1, 16, 256])
+@pytest.mark.parametrize("num_splits", [1, 0, 4])
+def test_fp8_kvcache(q_dtype, page_size, num_splits):
+    """An e4m3 cache (contiguous or paged) under a bf16 / fp16 / e4m3 q: one new row appended
+    (quantized into the cache, some saturating), decode over up to 1000 keys."""
+    pytest.importorskip("ml_dtypes")  # the oracle rounds to bf16 through it
+    from fp8_cases import E4M3, check_fp8_kvcache, kvcache_case
+
+    q_torch = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": E4M3}[q_dtype]
+    require_instance(torch.float16 if q_dtype == "fp16" else torch.bfloat16, 128)
+    gen = torch.Generator().manual_seed(14)
+    case, out_dtype = kvcache_case(gen, q_torch, "bhk", sq=1, s_new=1, h=8, hk=2, d=128,
+                                   max_sk=1000, page_size=page_size)
+    case = {name: t.cuda() for name, t in case.items()}
+    check_fp8_kvcache(case, out_dtype, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_fp8_kvcache_append_rotary(page_size):
+    """bf16 q over an e4m3 cache: 3 rows appended with GPT-NeoX rotary (rotated in fp32, rounded
+    to bf16, then quantized: the stored k may differ from the oracle's by one e4m3 step)."""
+    pytest.importorskip("ml_dtypes")
+    from fp8_cases import check_fp8_kvcache, kvcache_case
+
+    require_instance(torch.bfloat16, 128)
+    gen = torch.Generator().manual_seed(15)
+    case, out_dtype = kvcache_case(gen, torch.bfloat16, "scalar", sq=3, s_new=3, h=8, hk=2,
+                                   d=128, max_sk=300, page_size=page_size, rotary_dim=64)
+    case = {name: t.cuda() for name, t in case.items()}
+    check_fp8_kvcache(case, out_dtype, interleaved=False, k_cache_ulps=1)
