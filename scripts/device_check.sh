@@ -158,7 +158,17 @@ stage_sanitize() {
 # and widening (mma prefill, splitkeys decode), the quantizing append, 1-byte staging.
 stage_fp8sanitize() {
   local log="$OUT/sanitizer.log" rc=0 tool
+  local cases=(
+    "--dtype e4m3 --batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 128 --causal"
+    "--kvcache --kv-dtype e4m3 --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 1 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 128 --append 3 --rotary neox"
+    "--kvcache --dtype e4m3 --batch 3 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
+  )
   for tool in memcheck racecheck; do
+    for c in "${cases[@]}"; do
+      echo "== $tool: $c" >>"$log"
+      compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda --repeat 1 --check $c >>"$log" 2>&1 || rc=1
+      tail -n 2 "$log"
+    done
     echo "== $tool FP8 sweep cases" >>"$log"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$CARRY/flashattn_tests_gpu" \
       --gtest_filter='Cuda/*e4m3*' --gtest_brief=1 >>"$log" 2>&1 || rc=1

@@ -183,6 +183,34 @@ def decode_section(rows):
     return out
 
 
+# ---- FP8 (bench.py prefill-fp8, decode-fp8): each point against our bf16 figure ----------------
+
+def fp8_summary(rows):
+    speed = finite([r.get("speedup", math.nan) for r in rows])
+    if not speed:
+        return "No bf16 comparison in this run."
+    return (f"Over the {len(rows)} points: FP8 over bf16 median {statistics.median(speed):.2f}×, "
+            f"from {min(speed):.2f}× to {max(speed):.2f}×.")
+
+
+def prefill_fp8_section(rows):
+    out = ["TFLOP/s counted as for bf16; `fp8 / bf16` is our FP8 call over our bf16 call on the same",
+           "point (> 1: FP8 is faster); max_err against SDPA on the dequantized inputs (nan: not checked).", ""]
+    body = [[str(r["d"]), str(r["s"]), fmt(r["causal"]), fmt(r["ours"]), fmt(r["bf16"]), fmt(r["speedup"], 2),
+             fmt(r.get("max_err"), 4)] for r in sorted(rows, key=lambda r: (r["d"], r["causal"], r["s"]))]
+    out += table(["d", "seqlen", "causal", "FP8", "bf16", "fp8 / bf16", "max_err"], body)
+    return out + ["", fp8_summary(rows)]
+
+
+def decode_fp8_section(rows):
+    out = ["One query token, 32 heads, 8 KV heads, d 128, an e4m3 cache against a bf16 one; microseconds,",
+           "TB/s of the FP8 cache's bytes; `bf16 / fp8` time ratio (> 1: FP8 is faster).", ""]
+    body = [[str(r["b"]), context_label(r["context"]), "contiguous" if not r["page_size"] else f"page {r['page_size']}",
+             fmt(r["ours_us"]), fmt(r["ours_TBps"], 2), fmt(r["bf16_us"]), fmt(r["speedup"], 2)] for r in rows]
+    out += table(["batch", "context", "cache", "FP8 us", "FP8 TB/s", "bf16 us", "bf16 / fp8"], body)
+    return out + ["", fp8_summary(rows)]
+
+
 # ---- anything else ------------------------------------------------------------------------
 
 def generic_section(rows):
@@ -216,7 +244,8 @@ def cpu_section(rows):
     return out
 
 
-SECTIONS = {"prefill": ("Prefill", prefill_section), "decode": ("Decode", decode_section)}
+SECTIONS = {"prefill": ("Prefill", prefill_section), "decode": ("Decode", decode_section),
+            "prefill-fp8": ("FP8 prefill", prefill_fp8_section), "decode-fp8": ("FP8 KV-cache decode", decode_fp8_section)}
 
 
 def file_order(path):

@@ -385,6 +385,16 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
 // (tile_loads.h convert_tile), exactly (every e4m3 value is a bf16 and an fp16 value). The
 // descales join the softmax scale and the output factor (score_rules.h ScoreScale).
 // kKvTiles: the kernel's K and V tile buffers (2 x its stages).
+// The base's kMinBlocksPerSm, 1 where it has none (FwdTraits: fwd_kernel launches with 1).
+template <class T, class = void>
+struct MinBlocksPerSm {
+  static constexpr int value = 1;
+};
+template <class T>
+struct MinBlocksPerSm<T, std::void_t<decltype(T::kMinBlocksPerSm)>> {
+  static constexpr int value = T::kMinBlocksPerSm;
+};
+
 template <class Base, bool kQFp8_, int kKvTiles>
 struct Fp8Storage : Base {
   using QStorage = std::conditional_t<kQFp8_, uint8_t, typename Base::Element>;
@@ -395,6 +405,14 @@ struct Fp8Storage : Base {
   static constexpr int kKvMirrorBytes = Base::kSmemKVBytes / 2;
   static constexpr int kSmemBytes = kMirrorOffset + kQMirrorBytes + kKvTiles * kKvMirrorBytes;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 per-block shared memory limit");
+  // The CTAs per SM the mirrors leave room for (228 KB per SM, 1 KB reserved per CTA), at most
+  // the base's: the register cap of __launch_bounds__ follows it, so that registers are not
+  // capped for CTAs that cannot be resident (the cap of 3 spilled 88/136 bytes at d = 128,
+  // D-65).
+  static constexpr int kSmemBlocksPerSm = (228 * 1024) / (kSmemBytes + 1024);
+  static constexpr int kMinBlocksPerSm =
+      kSmemBlocksPerSm < MinBlocksPerSm<Base>::value ? (kSmemBlocksPerSm > 0 ? kSmemBlocksPerSm : 1)
+                                                     : MinBlocksPerSm<Base>::value;
   // The mirrors in the kernel's shared memory: Q's, then K/V tile i's.
   __device__ __forceinline__ static uint8_t* q_mirror(char* smem) {
     return reinterpret_cast<uint8_t*>(smem + kMirrorOffset);

@@ -78,18 +78,22 @@ def kvcache_case(gen, q_dtype, descale, *, b=3, sq=3, s_new=3, h=4, hk=2, d=64, 
     seqlens[0] = max_sk - s_new
     c["cache_seqlens"] = seqlens
     owner = None
+    capacity = max_sk  # keys a sequence can hold: whole pages when paged
     if page_size is None:
         shape = (b, max_sk, hk, d)
     else:
-        c["block_table"], owner = page_table(gen, b, -(-max_sk // page_size))
+        max_pages = -(-max_sk // page_size)
+        c["block_table"], owner = page_table(gen, b, max_pages)
         shape = (len(owner), page_size, hk, d)
+        capacity = max_pages * page_size
     c["k_cache"], c["k_descale"] = quantize(randn(gen, *shape), hk, descale, owner, b)
     c["v_cache"], c["v_descale"] = quantize(randn(gen, *shape), hk, descale, owner, b)
     if s_new:
         c["k"] = randn(gen, b, s_new, hk, d, dtype=out_dtype) * 2
         c["v"] = randn(gen, b, s_new, hk, d, dtype=out_dtype) * 2
     if rotary_dim:
-        angles = torch.rand(max_sk + sq, rotary_dim // 2, generator=gen, dtype=torch.float64) * 6.3
+        # a row for every cache position and every query position
+        angles = torch.rand(capacity + sq, rotary_dim // 2, generator=gen, dtype=torch.float64) * 6.3
         c["rotary_cos"], c["rotary_sin"] = angles.cos().to(out_dtype), angles.sin().to(out_dtype)
     return c, out_dtype
 
