@@ -193,22 +193,43 @@ def fp8_summary(rows):
             f"from {min(speed):.2f}× to {max(speed):.2f}×.")
 
 
+def fp8_ranges(groups):
+    """(label, rows) -> table rows: the speedup's min, median and max, and its range where the
+    issue sets its bar (prefill seqlen >= 4k, decode batch x context >= 128k tokens)."""
+    body = []
+    for label, rows, at_bar in groups:
+        speed = finite([r["speedup"] for r in rows])
+        bar = finite([r["speedup"] for r in at_bar])
+        body.append([label, str(len(rows)), fmt(min(speed), 2), fmt(statistics.median(speed), 2), fmt(max(speed), 2),
+                     f"{fmt(min(bar), 2)}–{fmt(max(bar), 2)}" if bar else "–"])
+    return body
+
+
 def prefill_fp8_section(rows):
-    out = ["TFLOP/s counted as for bf16; `fp8 / bf16` is our FP8 call over our bf16 call on the same",
-           "point (> 1: FP8 is faster); max_err against SDPA on the dequantized inputs (nan: not checked).", ""]
-    body = [[str(r["d"]), str(r["s"]), fmt(r["causal"]), fmt(r["ours"]), fmt(r["bf16"]), fmt(r["speedup"], 2),
-             fmt(r.get("max_err"), 4)] for r in sorted(rows, key=lambda r: (r["d"], r["causal"], r["s"]))]
-    out += table(["d", "seqlen", "causal", "FP8", "bf16", "fp8 / bf16", "max_err"], body)
+    out = ["Our FP8 call over our bf16 call on the same points (TFLOP/s counted as for bf16; > 1: FP8 is",
+           "faster), per head dim over the FA2 grid; every point is in the JSON and the plot.", ""]
+    groups = [(f"d {d}", [r for r in rows if r["d"] == d], [r for r in rows if r["d"] == d and r["s"] >= 4096])
+              for d in sorted({r["d"] for r in rows})]
+    out += table(["head dim", "points", "min", "median", "max", "seqlen ≥ 4k"], fp8_ranges(groups))
     return out + ["", fp8_summary(rows)]
 
 
 def decode_fp8_section(rows):
-    out = ["One query token, 32 heads, 8 KV heads, d 128, an e4m3 cache against a bf16 one; microseconds,",
-           "TB/s of the FP8 cache's bytes; `bf16 / fp8` time ratio (> 1: FP8 is faster).", ""]
-    body = [[str(r["b"]), context_label(r["context"]), "contiguous" if not r["page_size"] else f"page {r['page_size']}",
-             fmt(r["ours_us"]), fmt(r["ours_TBps"], 2), fmt(r["bf16_us"]), fmt(r["speedup"], 2)] for r in rows]
-    out += table(["batch", "context", "cache", "FP8 us", "FP8 TB/s", "bf16 us", "bf16 / fp8"], body)
+    out = ["An e4m3 cache against a bf16 one, our calls on the same points (one query token, 32 heads,",
+           "8 KV heads, d 128; bf16 time over FP8 time, > 1: FP8 is faster); every point is in the JSON.", ""]
+    layouts = sorted({r["page_size"] for r in rows})
+    groups = [("contiguous" if not page else f"page {page}", [r for r in rows if r["page_size"] == page],
+               [r for r in rows if r["page_size"] == page and r["b"] * r["context"] >= 128 * 1024]) for page in layouts]
+    out += table(["cache", "points", "min", "median", "max", "≥ 128k tokens"], fp8_ranges(groups))
     return out + ["", fp8_summary(rows)]
+
+
+def fp8_error_section(rows):
+    out = ["Error against float64 attention of the full-precision (fp32) inputs, relative to max|ref|",
+           "(max) and as RMS error over RMS ref (rms): our bf16 call and our FP8 call (`bench/fp8_error.py`).", ""]
+    body = [[r["call"], str(r["d"]), str(r["s"]), fmt(r["causal"]), fmt(r["bf16_max_rel"], 4), fmt(r["bf16_rms_rel"], 4),
+             fmt(r["fp8_max_rel"], 4), fmt(r["fp8_rms_rel"], 4)] for r in rows]
+    return out + table(["call", "d", "keys", "causal", "bf16 max", "bf16 rms", "FP8 max", "FP8 rms"], body)
 
 
 # ---- anything else ------------------------------------------------------------------------
@@ -245,13 +266,14 @@ def cpu_section(rows):
 
 
 SECTIONS = {"prefill": ("Prefill", prefill_section), "decode": ("Decode", decode_section),
-            "prefill-fp8": ("FP8 prefill", prefill_fp8_section), "decode-fp8": ("FP8 KV-cache decode", decode_fp8_section)}
+            "prefill-fp8": ("FP8 prefill", prefill_fp8_section), "decode-fp8": ("FP8 KV-cache decode", decode_fp8_section),
+            "fp8-error": ("FP8 quantization error", fp8_error_section)}
 
 
 def file_order(path):
-    """Prefill files first, then decode, then any other, by name within each."""
+    """Prefill files first, then decode, then any other, by name within each, FP8 after bf16."""
     rank = 0 if path.name.startswith("prefill") else 1 if path.name.startswith("decode") else 2
-    return rank, path.name
+    return rank, "fp8" in path.name, path.name
 
 
 def load_results():
