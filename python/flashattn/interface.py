@@ -244,26 +244,29 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False, *, out=None):
-    """qkv (b, s, 3, h, d): flash_attn_func on its three slices (views, no copy)."""
+                              deterministic=False, return_attn_probs=False, *, out=None,
+                              q_descale=None, k_descale=None, v_descale=None):
+    """qkv (b, s, 3, h, d): flash_attn_func on its three slices (views, no copy); FP8 as there."""
     shape = _shape(qkv, "qkv", (5,))
     if shape[2] != 3:
         raise ValueError(f"qkv: dimension 2 must be 3 (q, k, v), got shape {shape}")
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
-                           return_attn_probs, out=out)
+                           return_attn_probs, out=out, q_descale=q_descale, k_descale=k_descale,
+                           v_descale=v_descale)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False, *, out=None):
-    """kv (b, sk, 2, hk, d): flash_attn_func(q, kv[:, :, 0], kv[:, :, 1])."""
+                             deterministic=False, return_attn_probs=False, *, out=None,
+                             q_descale=None, k_descale=None, v_descale=None):
+    """kv (b, sk, 2, hk, d): flash_attn_func(q, kv[:, :, 0], kv[:, :, 1]); FP8 as there."""
     shape = _shape(kv, "kv", (5,))
     if shape[2] != 2:
         raise ValueError(f"kv: dimension 2 must be 2 (k, v), got shape {shape}")
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                           out=out)
+                           out=out, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 # ---- variable length ----------------------------------------------------------------------------
@@ -312,30 +315,34 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, out=None):
-    """qkv (total, 3, h, d) with one cu_seqlens for queries and keys."""
+                                     return_attn_probs=False, *, out=None, q_descale=None,
+                                     k_descale=None, v_descale=None):
+    """qkv (total, 3, h, d) with one cu_seqlens for queries and keys; FP8 as flash_attn_func."""
     shape = _shape(qkv, "qkv", (4,))
     if shape[1] != 3:
         raise ValueError(f"qkv: dimension 1 must be 3 (q, k, v), got shape {shape}")
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, out=out)
+                                  return_attn_probs, out=out, q_descale=q_descale,
+                                  k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False, *, out=None):
-    """kv (total_k, 2, hk, d)."""
+                                    return_attn_probs=False, *, out=None, q_descale=None,
+                                    k_descale=None, v_descale=None):
+    """kv (total_k, 2, hk, d); FP8 as flash_attn_func."""
     shape = _shape(kv, "kv", (4,))
     if shape[1] != 2:
         raise ValueError(f"kv: dimension 1 must be 2 (k, v), got shape {shape}")
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, out=out)
+                                  return_attn_probs, out=out, q_descale=q_descale,
+                                  k_descale=k_descale, v_descale=v_descale)
 
 
 # ---- KV cache -----------------------------------------------------------------------------------

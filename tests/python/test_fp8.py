@@ -107,6 +107,31 @@ def test_fp8_varlen_paged():
     assert_fp8_close(out.double().numpy(), r)
 
 
+def test_fp8_packed_variants():
+    """The packed calls pass the descales on: qkv and kv slices of one e4m3 buffer."""
+    gen = torch.Generator().manual_seed(6)
+    b, s, h, d = 2, 23, 4, 32
+    q8, qd = quantize(randn(gen, b, s, h, d), h, "bhk")
+    k8, kd = quantize(randn(gen, b, s, h, d), h, "bhk")
+    v8, vd = quantize(randn(gen, b, s, h, d), h, "bhk")
+    r, _ = ref.dense(dq(q8, qd), dq(k8, kd), dq(v8, vd), causal=True)
+    scales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    qkv = torch.stack([q8.view(torch.uint8), k8.view(torch.uint8), v8.view(torch.uint8)], dim=2).view(E4M3)
+    out = flashattn.flash_attn_qkvpacked_func(qkv, causal=True, **scales)
+    assert_fp8_close(out.double().numpy(), r)
+    kv = qkv[:, :, 1:]
+    out = flashattn.flash_attn_kvpacked_func(q8, kv, causal=True, **scales)
+    assert_fp8_close(out.double().numpy(), r)
+    lens = [s] * b
+    out = flashattn.flash_attn_varlen_qkvpacked_func(qkv.reshape(b * s, 3, h, d), cu(lens), s, causal=True, **scales)
+    r_var, _ = ref.varlen(dq(q8, qd).reshape(b * s, h, d), dq(k8, kd).reshape(b * s, h, d),
+                          dq(v8, vd).reshape(b * s, h, d), cu(lens).numpy(), cu(lens).numpy(), causal=True)
+    assert_fp8_close(out.double().numpy(), r_var)
+    out = flashattn.flash_attn_varlen_kvpacked_func(q8.reshape(b * s, h, d), kv.reshape(b * s, 2, h, d), cu(lens),
+                                                    cu(lens), s, s, causal=True, **scales)
+    assert_fp8_close(out.double().numpy(), r_var)
+
+
 def test_fp8_numpy_ml_dtypes():
     """NumPy float8_e4m3fn arrays (ml_dtypes) with NumPy descales: out is ml_dtypes.bfloat16."""
     gen = torch.Generator().manual_seed(5)
