@@ -7,7 +7,7 @@
 // Cache rows after --append: within 1 ulp of the storage type (rotation rounds once).
 // FP8 (e4m3 q or k/v): the oracle runs on the dequantized inputs (descale * stored), appended
 // rows of an e4m3 cache are quantized as the library does (e4m3(x / descale), x in out's dtype),
-// and out and LSE are held to the FP8 bound (cli.h kFp8Rtol) instead.
+// and out is held to the FP8 bound (cli.h kFp8Rtol) instead (LSE keeps the usual rule).
 // With rotary, the library may round a rotated element of q or k the other way (float32 vs
 // float64 rotation): the tolerances also get 2 * the change that rounding the rotated q and k
 // at all makes to the f64 result.
@@ -208,7 +208,7 @@ ref::Options oracle_options(const ProblemSpec& s, const std::vector<double>& slo
 // Running maxima over the sequences.
 struct Errors {
   double out = 0, out_lowp = 0, lse = 0, lse_lowp = 0, cache_ulps = 0;
-  double out_ref_max = 0, lse_ref_max = 0;  // max|f64| (FP8 bound)
+  double out_ref_max = 0;  // max|f64| (FP8 bound)
   double out_rounding = 0, lse_rounding = 0;  // rotary: effect of rounding the rotated q, k
 };
 
@@ -239,8 +239,6 @@ void check_sequence(const HostProblem& p, const RunOutput& r, int b, const ref::
   e.lse = std::max(e.lse, max_lse_diff(lse_lib, lse_ref));
   e.lse_lowp = std::max(e.lse_lowp, max_lse_diff(lse_lp, lse_ref));
   for (double x : out_ref) e.out_ref_max = std::max(e.out_ref_max, std::fabs(x));
-  for (double x : lse_ref)
-    if (std::isfinite(x)) e.lse_ref_max = std::max(e.lse_ref_max, std::fabs(x));
   if (s.rotary != Rotary::none) rotary_rounding_effect(s, seq, opt, out_ref, lse_ref, e);
   if (!r.k_cache.empty()) e.cache_ulps = std::max(e.cache_ulps, cache_error_ulps(p, r, b, seq));
 }
@@ -256,13 +254,9 @@ CheckResult check(const HostProblem& p, const RunOutput& r) {
   CheckResult c;
   c.out_err = e.out;
   c.lse_err = e.lse;
-  if (is_fp8(s)) {
-    c.out_tol = kFp8Rtol * e.out_ref_max;
-    c.lse_tol = kFp8Rtol * e.lse_ref_max;
-  } else {
-    c.out_tol = 2 * (e.out_lowp + e.out_rounding) + out_floor(s.dtype);
-    c.lse_tol = 2 * (e.lse_lowp + e.lse_rounding) + kLseFloor;
-  }
+  c.out_tol = is_fp8(s) ? kFp8Rtol * e.out_ref_max : 2 * (e.out_lowp + e.out_rounding) + out_floor(s.dtype);
+  // LSE (fp32, from values exact in the compute type) by the usual rule in FP8 too
+  c.lse_tol = 2 * (e.lse_lowp + e.lse_rounding) + kLseFloor;
   c.cache_checked = !r.k_cache.empty();
   c.cache_err_ulps = e.cache_ulps;
   c.pass = c.out_err <= c.out_tol && c.lse_err <= c.lse_tol &&

@@ -137,8 +137,8 @@ bool is_decode(const ProblemSpec& s);  // reported in GB/s rather than TFLOP/s
 double median(std::vector<double> values);
 
 // The FP8 bound of --check (e4m3 q or k/v): the oracle runs on the dequantized inputs, so what
-// remains is the bf16/fp16 compute: max|lib - f64| <= kFp8Rtol * max|f64|, for out and LSE
-// (tests/python/conftest.py FP8_RTOL is the same bound).
+// remains is the bf16/fp16 compute: max|out - f64| <= kFp8Rtol * max|f64| (LSE: the usual rule;
+// tests/python/conftest.py FP8_RTOL is the same bound).
 constexpr double kFp8Rtol = 2e-2;
 
 struct CheckResult {

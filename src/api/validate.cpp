@@ -281,11 +281,7 @@ void check_options(const AttentionOptions& o, const Tensor& q, const Problem& p,
 }
 
 void check_out(const Tensor& out, const Tensor& q) {
-  if (q.dtype == DType::e4m3) {
-    check_like_q(out, "out", q, DType::bf16, "bf16, the output's");
-  } else {
-    check_like_q(out, "out", q);
-  }
+  check_like_q(out, "out", q, compute_dtype(q), q.dtype == DType::e4m3 ? "bf16, the output's" : "q's");
   if (out.ndim != q.ndim) fail("out", "must have q's shape " + shape_string(q), shape_string(out));
   for (int i = 0; i < q.ndim; ++i) {
     if (out.shape[i] != q.shape[i]) {

@@ -236,18 +236,25 @@ FA_HD float alibi_slope(const AttnParams& p, int b, int head) {
   return p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + head] : 0.0f;
 }
 
-// FP8 (params.h): the descale factor of (batch b, KV head hk), 1 where none is given; the
-// product q_descale * k_descale multiplies the softmax scale, v_descale the output.
+// FP8 (params.h): the descale factor of q, k or v for (batch b, KV head hk), 1 where none is
+// given; Params is AttnParams (q, k, v) or AppendParams (k, v). The product q_descale *
+// k_descale multiplies the softmax scale, v_descale the output.
 FA_HD float descale_at(const float* descale, int64_t batch_stride, int64_t head_stride, int b, int hk) {
   return descale ? descale[b * batch_stride + hk * head_stride] : 1.0f;
 }
-FA_HD float qk_descale(const AttnParams& p, int b, int hk) {
-  return descale_at(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, b, hk) *
-         descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk);
+template <class Params>
+FA_HD float q_descale(const Params& p, int b, int hk) {
+  return descale_at(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, b, hk);
 }
-FA_HD float v_descale(const AttnParams& p, int b, int hk) {
+template <class Params>
+FA_HD float k_descale(const Params& p, int b, int hk) {
+  return descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk);
+}
+template <class Params>
+FA_HD float v_descale(const Params& p, int b, int hk) {
   return descale_at(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, b, hk);
 }
+FA_HD float qk_descale(const AttnParams& p, int b, int hk) { return q_descale(p, b, hk) * k_descale(p, b, hk); }
 
 FA_HD float alibi_bias(float slope, int i, int j, int seqlen_q, int seqlen_k) {
   const int dist = i + seqlen_k - seqlen_q - j;

@@ -89,11 +89,9 @@ void append_row_e4m3(const AppendParams& p, int b, int t, std::vector<float>& ro
     } else {
       load_row<S>(k_src, p.head_dim, row.data());
     }
-    quantize_row<S>(row, p.head_dim, descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk),
-                    static_cast<uint8_t*>(p.k_cache) + at.k_dst);
+    quantize_row<S>(row, p.head_dim, k_descale(p, b, hk), static_cast<uint8_t*>(p.k_cache) + at.k_dst);
     load_row<S>(static_cast<const T*>(p.v_new) + at.v_src, p.head_dim, row.data());
-    quantize_row<S>(row, p.head_dim, descale_at(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, b, hk),
-                    static_cast<uint8_t*>(p.v_cache) + at.v_dst);
+    quantize_row<S>(row, p.head_dim, v_descale(p, b, hk), static_cast<uint8_t*>(p.v_cache) + at.v_dst);
   }
 }
 

@@ -235,12 +235,11 @@ void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows
             const TileShape& t, Scratch& ws) {
   using T = typename QS::Element;
   const T* q = static_cast<const T*>(p.q);
-  const int hk = kv_head_of(p, w);
-  const float descale = descale_at(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, w.b, hk);
+  const float descale = q_descale(p, w.b, kv_head_of(p, w));
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
-    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = QS::load(q_row[c]) * descale;
+    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = value_of<QS>(q_row[c], descale);
   }
   for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
 }
@@ -259,14 +258,13 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
   using T = typename KS::Element;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  const float k_descale = descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk);
-  const float v_scale = v_descale(p, b, hk);
+  const float k_scale = k_descale(p, b, hk), v_scale = v_descale(p, b, hk);
   for (int j = 0; j < keys; ++j) {
     const T* k_row =
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
     const T* v_row =
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_descale);
+    load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_scale);
     load_row<KS>(v_row, t.d, v_dst + size_t(j) * t.d_pad, v_scale);
   }
 }

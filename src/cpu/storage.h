@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "common/half.h"
 #include "flashattn/flashattn.h"
@@ -70,10 +71,21 @@ void dispatch_storage(DType storage, Compute compute, Fn&& fn) {
   }
 }
 
-// n elements from src (storage) into dst (fp32), each times scale (an FP8 descale; 1 else).
+// The value of a stored element: an e4m3 one times its descale, any other as it is (only e4m3
+// tensors have descales, validate.cpp check_fp8), so that 16-bit and fp32 loads pay nothing.
 template <typename S>
-inline void load_row(const typename S::Element* src, int n, float* dst, float scale = 1.0f) {
-  for (int c = 0; c < n; ++c) dst[c] = S::load(src[c]) * scale;
+inline float value_of(typename S::Element x, float descale) {
+  if constexpr (std::is_same_v<S, E4m3>) {
+    return S::load(x) * descale;
+  } else {
+    return S::load(x);
+  }
+}
+
+// n elements from src (storage) into dst (fp32); e4m3 ones times their descale (value_of).
+template <typename S>
+inline void load_row(const typename S::Element* src, int n, float* dst, float descale = 1.0f) {
+  for (int c = 0; c < n; ++c) dst[c] = value_of<S>(src[c], descale);
 }
 
 // n elements from src (fp32) into dst (storage), rounded once.

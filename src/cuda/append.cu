@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
       if (dst == kNoRow) continue;
       store_cache_chunk<Element, CacheElement, kVec>(
           static_cast<CacheElement*>(p.k_cache) + dst, col, rotated_chunk<Element, kVec>(p, src, col, position, rotate),
-          descale_at(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk));
+          k_descale(p, b, hk));
     } else {
       const Element* src = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
                            t * p.vn_row_stride + hk * p.vn_head_stride;
@@ -193,8 +193,7 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
       if (dst == kNoRow) continue;
       store_cache_chunk<Element, CacheElement, kVec>(static_cast<CacheElement*>(p.v_cache) + dst, col,
                                                      load_chunk<Element, kVec>(src + col),
-                                                     descale_at(p.v_descale, p.v_descale_batch_stride,
-                                                                p.v_descale_head_stride, b, hk));
+                                                     v_descale(p, b, hk));
     }
   }
 }

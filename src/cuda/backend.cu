@@ -86,7 +86,11 @@ bool run_for_head_dim(const AttnParams& params, const KernelChoice& choice, cuda
         run_fwd<Element, D>(params, choice, stream);
       } else if (params.q_storage == DType::e4m3) {
         // api/validate.cpp: an e4m3 q computes (and writes out) in bf16
-        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) run_fwd_fp8<Element, D, true>(params, choice, stream);
+        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+          run_fwd_fp8<Element, D, true>(params, choice, stream);
+        } else {
+          throw Error(Error::Kind::runtime, "flashattn: an e4m3 q computes in bf16 (validate.cpp compute_dtype)");
+        }
       } else {
         run_fwd_fp8<Element, D, false>(params, choice, stream);
       }

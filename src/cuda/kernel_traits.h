@@ -375,16 +375,6 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
 };
 
-// ---- FP8 storage (docs/DECISIONS.md D-64) ---------------------------------------------------
-//
-// The kernel of Base reading K/V (and, kQFp8, Q) stored as e4m3 bytes. The tiles stay Element
-// tiles in the base's layouts, so the MMAs, the softmax and the epilogue are the base's: each
-// 16-byte Element chunk of a tile has an 8-byte e4m3 twin in a mirror buffer after the base's
-// shared memory (byte e of the mirror <-> element e of the tile, swizzle included), which an
-// 8-byte cp.async fills; after its copies land, each thread widens its own chunks into the tile
-// (tile_loads.h convert_tile), exactly (every e4m3 value is a bf16 and an fp16 value). The
-// descales join the softmax scale and the output factor (score_rules.h ScoreScale).
-// kKvTiles: the kernel's K and V tile buffers (2 x its stages).
 // The base's kMinBlocksPerSm, 1 where it has none (FwdTraits: fwd_kernel launches with 1).
 template <class T, class = void>
 struct MinBlocksPerSm {
@@ -395,6 +385,16 @@ struct MinBlocksPerSm<T, std::void_t<decltype(T::kMinBlocksPerSm)>> {
   static constexpr int value = T::kMinBlocksPerSm;
 };
 
+// ---- FP8 storage (docs/DECISIONS.md D-64) ---------------------------------------------------
+//
+// The kernel of Base reading K/V (and, kQFp8, Q) stored as e4m3 bytes. The tiles stay Element
+// tiles in the base's layouts, so the MMAs, the softmax and the epilogue are the base's: each
+// 16-byte Element chunk of a tile has an 8-byte e4m3 twin in a mirror buffer after the base's
+// shared memory (byte e of the mirror <-> element e of the tile, swizzle included), which an
+// 8-byte cp.async fills; after its copies land, each thread widens its own chunks into the tile
+// (tile_loads.h convert_tile), exactly (every e4m3 value is a bf16 and an fp16 value). The
+// descales join the softmax scale and the output factor (score_rules.h ScoreScale).
+// kKvTiles: the kernel's K and V tile buffers (2 x its stages).
 template <class Base, bool kQFp8_, int kKvTiles>
 struct Fp8Storage : Base {
   using QStorage = std::conditional_t<kQFp8_, uint8_t, typename Base::Element>;
@@ -409,10 +409,9 @@ struct Fp8Storage : Base {
   // the base's: the register cap of __launch_bounds__ follows it, so that registers are not
   // capped for CTAs that cannot be resident (the cap of 3 spilled 88/136 bytes at d = 128,
   // D-65).
-  static constexpr int kSmemBlocksPerSm = (228 * 1024) / (kSmemBytes + 1024);
+  static constexpr int kSmemBlocksPerSm = (228 * 1024) / (kSmemBytes + 1024);  // >= 1 by the assert
   static constexpr int kMinBlocksPerSm =
-      kSmemBlocksPerSm < MinBlocksPerSm<Base>::value ? (kSmemBlocksPerSm > 0 ? kSmemBlocksPerSm : 1)
-                                                     : MinBlocksPerSm<Base>::value;
+      kSmemBlocksPerSm < MinBlocksPerSm<Base>::value ? kSmemBlocksPerSm : MinBlocksPerSm<Base>::value;
   // The mirrors in the kernel's shared memory: Q's, then K/V tile i's.
   __device__ __forceinline__ static uint8_t* q_mirror(char* smem) {
     return reinterpret_cast<uint8_t*>(smem + kMirrorOffset);
