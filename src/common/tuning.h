@@ -36,6 +36,14 @@ constexpr int kDeepDecodeMinTiles = 3;
 // memory there): a capability, not a preference.
 constexpr int kDeepDecodeMaxHeadDim = 128;
 
+// FP8 (e4m3) K/V decode: the e4m3 stages of the fp8 pipeline, two tiles in flight per CTA, which
+// leaves room for 3 CTAs per SM at d = 128 (D-66).
+constexpr int kFp8DecodeCopyStages = 3;
+// The fp8 pipeline's head dims: a warp's 16-byte copies of its keys' e4m3 rows spread evenly
+// over its 32 lanes (rows of 16 x 2^k bytes, at most 512; d = 96 and 192 keep the standard
+// pipeline). A capability, not a preference.
+constexpr bool fp8_warp_kv_head_dim(int head_dim) { return head_dim % 16 == 0 && 32 % (head_dim / 16) == 0; }
+
 // The warps of a split decode tile split the head dim instead of the keys where each split walks
 // at most this many key tiles (counted in splitkv_block_n units): the merge it saves is a large
 // share of a short walk; 1 x 1k went from 0.90 to 0.97 of cuDNN's speed, 1 x 16k would lose (D-19).

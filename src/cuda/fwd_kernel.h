@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   uint8_t* const q_fp8 = q_mirror<Traits>(smem);
   uint8_t* k_fp8 = nullptr;
   uint8_t* v_fp8 = nullptr;
-  if constexpr (Traits::kKvFp8) k_fp8 = Traits::kv_mirror(smem, 0), v_fp8 = Traits::kv_mirror(smem, 1);
+  if constexpr (Traits::kKvFp8) k_fp8 = Traits::k_mirror(smem, 0), v_fp8 = Traits::v_mirror(smem, 0);
   if (tile_hi > tile_lo) {
     load_q<Traits>(p, q_off, sQ, tid, q_fp8);
     load_kv<Traits, false>(p, c, kv_off(tile_hi - 1), tile_hi - 1, sK, tid, k_fp8);

@@ -180,15 +180,30 @@ enum class WarpSplit { keys, dims, heads };
 //   three_stage: 3 stages at 2 CTAs per SM: the persistent grid, whose producer and consumer
 //                state spilled at the standard pipeline's 3 CTAs per SM (D-29), and the
 //                heads-split kernel (its Q is four tiles).
-enum class DecodePipeline { standard, deep, three_stage };
+//   fp8:         e4m3 K/V (Fp8Storage) in kCopyStages e4m3 stages (two tiles in flight) at 3
+//                CTAs per SM, each warp copying, widening and computing only its own keys,
+//                through one Element buffer that holds K for S = Q K^T, then V for P V
+//                (components/fp8_warp_kv.h, D-66).
+enum class DecodePipeline { standard, deep, three_stage, fp8 };
 
 template <int kHeadDim, WarpSplit kWarps, DecodePipeline kPipeline, KvLayouts kLayout>
 struct DecodeTileConfig {
   static constexpr bool kDeep = kPipeline == DecodePipeline::deep;
   static constexpr bool kThreeStage = kPipeline == DecodePipeline::three_stage;
+  static constexpr bool kFp8 = kPipeline == DecodePipeline::fp8;
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  static constexpr int kStages = kDeep ? 5 : kThreeStage ? 3 : 2;
-  static constexpr int kMinBlocksPerSm = kDeep ? 1 : kThreeStage ? 2 : kHeadDim <= 128 ? 3 : 1;
+  // Element K/V buffers (kStages each of K and V, or one for both), and the stages the copies
+  // stream through (the same buffers, except for the fp8 pipeline's e4m3 stages).
+  static constexpr int kStages = kDeep ? 5 : kThreeStage ? 3 : kFp8 ? 1 : 2;
+  static constexpr int kKvBuffers = kFp8 ? 1 : 2 * kStages;
+  static constexpr int kCopyStages = kFp8 ? kFp8DecodeCopyStages : kStages;
+  // (The fp8 pipeline's paged kernel holds its lanes' pages of the next tile: at 3 CTAs per SM
+  // it spilled 100-120 bytes at d = 128 and ran at 0.73-0.80x our bf16 decode; at 2, D-66.)
+  static constexpr int kMinBlocksPerSm = kDeep                                ? 1
+                                         : kThreeStage                        ? 2
+                                         : kFp8 && kLayout == KvLayouts::paged ? 2
+                                         : kHeadDim <= 128                    ? 3
+                                                                              : 1;
   static constexpr int kMaxSmemBytes = (kDeep ? 227 : 160) * 1024;  // sm_90 / sm_80 per-block limit
   // Compiled for one K/V layout: the contiguous kernels keep the page-table code out of their
   // mainloop (D-22). The deep pipeline reads contiguous K/V only (D-18).
@@ -203,6 +218,8 @@ struct DecodeTileConfig {
   static_assert(!kDeep || kHeadDim <= kDeepDecodeMaxHeadDim, "the deep pipeline's head dims");
   static_assert(!kWarpsSplitHeads || (kThreeStage && kLayout == KvLayouts::contiguous && kHeadDim <= 128),
                 "heads split: contiguous K/V, three stages");
+  static_assert(!kFp8 || (kWarps == WarpSplit::keys && fp8_warp_kv_head_dim(kHeadDim)),
+                "fp8 pipeline: keys split, whole 16-byte copies spread evenly over a warp");
 };
 
 template <typename Element_, int kHeadDim_, WarpSplit kWarps = WarpSplit::keys,
@@ -215,6 +232,9 @@ struct DecodeTraits
   using Base = TileTraitsBase<Element_, kHeadDim_, Config::kBlockM, Config::kBlockN, Config::kNWarps>;
   using Base::kBlockM, Base::kBlockN, Base::kNWarps, Base::kHeadDim;
   static constexpr int kStages = Config::kStages;
+  static constexpr int kCopyStages = Config::kCopyStages;
+  static constexpr int kKvBuffers = Config::kKvBuffers;
+  static constexpr bool kFp8Pipeline = Config::kFp8;
   static constexpr KvLayouts kKvLayouts = Config::kKvLayouts;
   static constexpr bool kWarpsSplitDims = Config::kWarpsSplitDims;
   static constexpr bool kWarpsSplitHeads = Config::kWarpsSplitHeads;
@@ -250,13 +270,14 @@ struct DecodeTraits
   static constexpr int kMergeRowFloats = kHeadDim + 8;
   static constexpr int kSmemMergeOBytes = kNWarps * kBlockM * kMergeRowFloats * int(sizeof(float));
   static constexpr int kSmemMergeStatBytes = (2 * kNWarps + 1) * kBlockM * int(sizeof(float));
-  static_assert(kSmemMergeOBytes <= 2 * kStages * Base::kSmemKVBytes, "merge fits the K/V buffers");
+  // (The fp8 pipeline's merge overlays its e4m3 stages instead: Fp8Storage.)
+  static_assert(kFp8Pipeline || kSmemMergeOBytes <= kKvBuffers * Base::kSmemKVBytes, "merge fits the K/V buffers");
 
   // Row offset tables: int64 per Q row and O row (paged K/V is read without one: PagedRows).
   static constexpr int kSmemRowOffsetBytes = 2 * kBlockM * int(sizeof(int64_t));
   // Q, kStages x (K, V), the row offset tables, the merge statistics (the CTA geometry stays in
   // registers: this kernel has registers to spare).
-  static constexpr int kSmemBytes = Base::kSmemQBytes + 2 * kStages * Base::kSmemKVBytes +
+  static constexpr int kSmemBytes = Base::kSmemQBytes + kKvBuffers * Base::kSmemKVBytes +
                                     kSmemRowOffsetBytes + kSmemMergeStatBytes;
   static_assert(kSmemBytes <= Config::kMaxSmemBytes, "fits the per-block shared memory limit");
   // CTAs per SM the kernel is compiled for (a register cap of 65536 / (that x threads)): ~71 KB
@@ -394,16 +415,20 @@ struct MinBlocksPerSm<T, std::void_t<decltype(T::kMinBlocksPerSm)>> {
 // 8-byte cp.async fills; after its copies land, each thread widens its own chunks into the tile
 // (tile_loads.h convert_tile), exactly (every e4m3 value is a bf16 and an fp16 value). The
 // descales join the softmax scale and the output factor (score_rules.h ScoreScale).
-// kKvTiles: the kernel's K and V tile buffers (2 x its stages).
-template <class Base, bool kQFp8_, int kKvTiles>
+// The decode kernel's fp8 pipeline (DecodePipeline::fp8) streams K/V through kMirrorStages
+// e4m3 stages of its own layout (row-major, components/fp8_warp_kv.h) into one Element buffer;
+// its warps' merge overlays the e4m3 stages once the mainloop is done.
+// kMirrorStages: the e4m3 K and V stages (the base's stages, or its kCopyStages).
+template <class Base, bool kQFp8_, int kMirrorStages_>
 struct Fp8Storage : Base {
   using QStorage = std::conditional_t<kQFp8_, uint8_t, typename Base::Element>;
   using KvStorage = uint8_t;
   static constexpr bool kQFp8 = kQFp8_, kKvFp8 = true;
+  static constexpr int kMirrorStages = kMirrorStages_;
   static constexpr int kMirrorOffset = (Base::kSmemBytes + 127) / 128 * 128;
   static constexpr int kQMirrorBytes = kQFp8 ? Base::kSmemQBytes / 2 : 0;
   static constexpr int kKvMirrorBytes = Base::kSmemKVBytes / 2;
-  static constexpr int kSmemBytes = kMirrorOffset + kQMirrorBytes + kKvTiles * kKvMirrorBytes;
+  static constexpr int kSmemBytes = kMirrorOffset + kQMirrorBytes + 2 * kMirrorStages * kKvMirrorBytes;
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 per-block shared memory limit");
   // The CTAs per SM the mirrors leave room for (228 KB per SM, 1 KB reserved per CTA), at most
   // the base's: the register cap of __launch_bounds__ follows it, so that registers are not
@@ -412,12 +437,31 @@ struct Fp8Storage : Base {
   static constexpr int kSmemBlocksPerSm = (228 * 1024) / (kSmemBytes + 1024);  // >= 1 by the assert
   static constexpr int kMinBlocksPerSm =
       kSmemBlocksPerSm < MinBlocksPerSm<Base>::value ? kSmemBlocksPerSm : MinBlocksPerSm<Base>::value;
-  // The mirrors in the kernel's shared memory: Q's, then K/V tile i's.
+  // The mirrors in the kernel's shared memory: Q's, then the K stages, then the V stages.
   __device__ __forceinline__ static uint8_t* q_mirror(char* smem) {
     return reinterpret_cast<uint8_t*>(smem + kMirrorOffset);
   }
-  __device__ __forceinline__ static uint8_t* kv_mirror(char* smem, int tile) {
-    return reinterpret_cast<uint8_t*>(smem + kMirrorOffset + kQMirrorBytes + tile * kKvMirrorBytes);
+  __device__ __forceinline__ static uint8_t* k_mirror(char* smem, int stage) {
+    return reinterpret_cast<uint8_t*>(smem + kMirrorOffset + kQMirrorBytes + stage * kKvMirrorBytes);
+  }
+  __device__ __forceinline__ static uint8_t* v_mirror(char* smem, int stage) {
+    return k_mirror(smem, kMirrorStages + stage);
+  }
+};
+
+// Where a decode kernel's warps merge their O (merge_warps_and_store): over the K/V buffers,
+// or, on the fp8 pipeline (whose one K/V buffer is too small), over its e4m3 stages.
+template <class Traits>
+struct WarpsMergeOver {
+  __device__ __forceinline__ static float* buffer(char* smem, void* kv_buffers) {
+    if constexpr (Traits::kFp8Pipeline) {
+      static_assert(2 * Traits::kMirrorStages * Traits::kKvMirrorBytes >= Traits::kSmemMergeOBytes,
+                    "the merge fits the e4m3 stages");
+      return reinterpret_cast<float*>(Traits::k_mirror(smem, 0));
+    } else {
+      (void)smem;
+      return static_cast<float*>(kv_buffers);
+    }
   }
 };
 

@@ -264,30 +264,49 @@ void launch_splitheads(const AttnParams& p, const KernelChoice& choice, cudaStre
 
 // ---- the instance's entry points (api/backend.h through backend.cu) -----------------------------
 
+// Whether every e4m3 K/V row starts at a 16-byte boundary (the fp8 decode pipeline's copies):
+// the base addresses and every stride, in bytes.
+inline bool kv_rows_16_byte_aligned(const AttnParams& p) {
+  const int64_t bits = int64_t(reinterpret_cast<uintptr_t>(p.k) | reinterpret_cast<uintptr_t>(p.v)) |
+                       p.k_batch_stride | p.k_row_stride | p.k_head_stride | p.v_batch_stride | p.v_row_stride |
+                       p.v_head_stride;
+  return bits % 16 == 0;
+}
+
 // FP8 storage (kernel_traits.h Fp8Storage, D-64): e4m3 K/V, and with kQFp8 e4m3 Q, on the
-// mma prefill kernel and the splitkeys decode kernel (standard pipeline), which serve every
+// mma prefill kernel and the splitkeys decode kernel (fp8 or standard pipeline), which serve every
 // call (api/kernel_choice.cpp takes no other kernel for e4m3).
 template <typename Element, int kHeadDim, bool kQFp8>
 void run_fwd_fp8(const AttnParams& p, const KernelChoice& choice, cudaStream_t stream) {
   using I = Instance<Element, kHeadDim>;
   if (choice.kernel == Kernel::mma) {
     if (query_tile_rows(p) == kQueryTileRowsShort) {
-      using T = Fp8Storage<typename I::MmaShort, kQFp8, 2>;
+      using T = Fp8Storage<typename I::MmaShort, kQFp8, 1>;
       return launch_tile_grid<T>(p, choice, stream, &fwd::fwd_kernel<T>, "flashattn fwd_kernel (64 rows, e4m3)");
     }
-    using T = Fp8Storage<typename I::Mma, kQFp8, 2>;
+    using T = Fp8Storage<typename I::Mma, kQFp8, 1>;
     return launch_tile_grid<T>(p, choice, stream, &fwd::fwd_kernel<T>, "flashattn fwd_kernel (e4m3)");
   }
   if (choice.kernel == Kernel::splitkeys && !choice.deep_pipeline) {
-    auto launch = [&](auto layout, const char* name) {
-      using Decode = typename I::template Decode<WarpSplit::keys, DecodePipeline::standard, decltype(layout)::value>;
-      using T = Fp8Storage<Decode, kQFp8, 2 * Decode::kStages>;
+    auto launch = [&](auto layout, auto pipeline, const char* name) {
+      using Decode = typename I::template Decode<WarpSplit::keys, decltype(pipeline)::value, decltype(layout)::value>;
+      using T = Fp8Storage<Decode, kQFp8, Decode::kCopyStages>;
       launch_tile_grid<T>(p, choice, stream, &fwd::splitkeys_kernel<T>, name);
     };
-    if (p.block_table != nullptr) {
-      return launch(std::integral_constant<KvLayouts, KvLayouts::paged>{}, "flashattn splitkeys_kernel (paged, e4m3)");
+    using Paged = std::integral_constant<KvLayouts, KvLayouts::paged>;
+    using Contiguous = std::integral_constant<KvLayouts, KvLayouts::contiguous>;
+    // The fp8 pipeline's 16-byte copies need K/V rows at 16-byte boundaries (the API's rule is
+    // 8: api/staging.h); other head dims and rows take the standard pipeline.
+    if constexpr (fp8_warp_kv_head_dim(kHeadDim)) {
+      if (kv_rows_16_byte_aligned(p)) {
+        using Fp8 = std::integral_constant<DecodePipeline, DecodePipeline::fp8>;
+        if (p.block_table != nullptr) return launch(Paged{}, Fp8{}, "flashattn splitkeys_kernel (paged, e4m3 pipeline)");
+        return launch(Contiguous{}, Fp8{}, "flashattn splitkeys_kernel (e4m3 pipeline)");
+      }
     }
-    return launch(std::integral_constant<KvLayouts, KvLayouts::contiguous>{}, "flashattn splitkeys_kernel (e4m3)");
+    using Standard = std::integral_constant<DecodePipeline, DecodePipeline::standard>;
+    if (p.block_table != nullptr) return launch(Paged{}, Standard{}, "flashattn splitkeys_kernel (paged, e4m3)");
+    return launch(Contiguous{}, Standard{}, "flashattn splitkeys_kernel (e4m3)");
   }
   throw Error(Error::Kind::runtime, std::string("flashattn: kernel ") + kernel_name(choice.kernel) +
                                         " does not read e4m3 (kernel_choice.cpp chose it)");

@@ -10,6 +10,10 @@
 // and write O (or the split's fp32 partials) with 16-byte stores, and LSE. With
 // AttnParams::cluster_combine the split's partial stays in shared memory instead and the
 // unit's splits, one thread-block cluster, merge it there (combine_in_cluster).
+// FP8 K/V on the fp8 pipeline (components/fp8_warp_kv.h) streams e4m3 tiles through
+// kCopyStages stages, three in flight, and each warp waits for, widens and reads its own keys
+// only: one CTA barrier, for Q, before the first tile. Its one Element buffer holds the warp's
+// K rows for S = Q K^T, then its V rows for P V.
 // Short split walks at d = 64 and 128 (Traits::kWarpsSplitDims, tuning.h
 // decode_warps_split_dims) split the head dim instead: every warp computes the whole S of a
 // tile and its own columns of O, and writes them from registers with no merge
@@ -23,6 +27,7 @@
 #include "cuda/components/cluster_combine.h"
 #include "cuda/components/cta_geometry.h"
 #include "cuda/components/epilogue.h"
+#include "cuda/components/fp8_warp_kv.h"
 #include "cuda/components/kv_pipeline.h"
 #include "cuda/components/tile_loads.h"
 #include "cuda/components/warp_tile_math.h"
@@ -48,7 +53,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kStages = Traits::kStages;
+  constexpr int kStages = Traits::kCopyStages;  // the copy pipeline's (kernel_traits.h DecodeTileConfig)
   constexpr int kNWarps = Traits::kNWarps;
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x;
@@ -61,20 +66,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int split = blockIdx.y;
   const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, split);
 
-  // ---- shared memory: Q | K stages | V stages | Q/O row offsets | merge statistics
+  // ---- shared memory: Q | K buffers | V buffers | Q/O row offsets | merge statistics (| FP8
+  // mirrors: kernel_traits.h Fp8Storage)
   constexpr int kKVElems = int(cute::cosize_v<typename Traits::SmemLayoutKV>);
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = smem_q + cute::cosize_v<typename Traits::SmemLayoutQ>;
-  Element* smem_v = smem_k + kStages * kKVElems;
+  Element* smem_v = Traits::kKvBuffers == 1 ? smem_k : smem_k + Traits::kStages * kKVElems;  // one: V over K
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (16, d)
-  int64_t* q_off = reinterpret_cast<int64_t*>(smem_v + kStages * kKVElems);
+  int64_t* q_off = reinterpret_cast<int64_t*>(smem_k + Traits::kKvBuffers * kKVElems);
   int64_t* o_off = q_off + kBlockM;
-  const KvStages<Traits> kv{smem_k, smem_v, nullptr, smem};  // paged K/V read directly (PagedRows)
+  const auto kv = make_decode_kv<Traits>(smem_k, smem_v, smem, warp, lane);
   float* merge_max = reinterpret_cast<float*>(o_off + kBlockM);  // [kNWarps][16]
   float* merge_sum = merge_max + kNWarps * kBlockM;  // [kNWarps][16]
   // KvStages::issue, not wgmma_kernel.h's ContiguousKvCopies: measured no faster here
   // (docs/DECISIONS.md D-8), and it adds spills to the 168-register kernels.
-  auto issue_tile = [&](int n, const PagedRows<Traits>& rows) { kv.issue(p, c, tiles, n, tid, rows); };
+  auto issue_tile = [&](int n, const auto& rows) { kv.issue(p, c, tiles, n, tid, rows); };
 
   // ---- prologue: Q and the first kStages-1 tiles in flight. Strided Q rows need no offset
   // table, so their copies and the tiles' leave before the Q/O tables and the barrier: a
@@ -116,29 +122,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
     // Paged: the pages of the tile issued below, read under this tile's wait.
-    const PagedRows<Traits> rows_ahead = kv.lookup(p, c, tiles, n - (kStages - 1), tid);
+    const auto rows_ahead = kv.lookup(p, c, tiles, n - (kStages - 1), tid);
     cp_async_wait<kStages - 2>();
-    kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n
+    kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n (fp8 pipeline: its rows of K)
     if constexpr (Traits::kQFp8) {
       if (n == tiles.hi - 1) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with the first tile
     }
-    __syncthreads();  // tile n landed; every warp is done with tile n+1's stage
+    // Tile n (and, the first, Q) landed; every warp is done with tile n+1's stage. On the fp8
+    // pipeline each warp copies and reads its own keys only (widen's warp barriers): the CTA
+    // waits for Q alone.
+    if (!Traits::kFp8Pipeline || n == tiles.hi - 1) __syncthreads();
     issue_tile(n - (kStages - 1), rows_ahead);  // into tile n+1's stage
     if (n == tiles.hi - 1) math.load_q(0);  // Q landed with the first tile: keep it in registers
-    math.step(p, c, tiles, sc, n, /*stage=*/unsigned(n) % kStages);  // n >= tiles.lo >= 0
+    math.step(p, c, tiles, sc, n, /*stage=*/unsigned(n) % Traits::kStages);  // n >= tiles.lo >= 0
   }
 
   cp_async_wait<0>();
   // With cluster_combine the split's result stays here: O over the K/V buffers, LSE after the
   // merge statistics.
-  const SplitPartial part{reinterpret_cast<float*>(smem_k), merge_sum + kNWarps * kBlockM};
+  float* const merge_o = WarpsMergeOver<Traits>::buffer(smem, smem_k);
+  const SplitPartial part{merge_o, merge_sum + kNWarps * kBlockM};
   if constexpr (kSplitDims) {
     if (p.cluster_combine) __syncthreads();  // every warp is done with the K/V buffers part.o overlays
     store_warp_columns<Traits>(p, c, split, math.acc_o, math.rows, sc, part, warp, lane);
   } else {
     __syncthreads();  // every warp is done with the K/V buffers; the merge O buffer overlays them
     merge_warps_and_store<Traits>(p, c, split, math.acc_o, math.rows, sc, merge_max, merge_sum,
-                                  PaddedMergeO<Traits>{reinterpret_cast<float*>(smem_k)}, part, o_off, tid);
+                                  PaddedMergeO<Traits>{merge_o}, part, o_off, tid);
   }
   if (p.cluster_combine) combine_in_cluster<Traits>(p, c, part, o_off, tid);
 }

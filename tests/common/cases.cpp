@@ -609,6 +609,16 @@ std::vector<KVCase> kvcache_cases(Device device) {
     c.num_splits = i == 3 ? 5 : 0;
     add(c);
   }
+  // FP8 caches on each head dim's CUDA decode pipeline (launch_template.h run_fwd_fp8): the fp8
+  // pipeline at d = 32 and 256 (64 and 128 above), the standard one at 96 and 192, and at 120,
+  // whose 120-byte rows are not 16-byte aligned.
+  for (int d : {32, 96, 120, 192, 256}) {
+    KVCase c = decode(device, DType::bf16, 2, 8, 2, d, 339, d == 32);
+    c.fp8_cache = Fp8::per_head;
+    c.page_size = d == 256 ? 16 : 0;
+    c.num_splits = d == 32 ? 3 : 0;
+    add(c);
+  }
   return v;
 }
 

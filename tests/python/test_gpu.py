@@ -582,6 +582,27 @@ def test_fp8_kvcache(q_dtype, page_size, num_splits):
 
 
 @pytest.mark.parametrize("page_size", [None, 16])
+def test_fp8_kvcache_head_dim_slice(page_size):
+    """Head dim 120 as the first 120 columns of a d = 128 e4m3 cache, whose rows stay 16-byte
+    aligned: the fp8 decode pipeline reads 8 bytes of each row's last 16-byte piece and zero-fills
+    the rest (components/fp8_warp_kv.h)."""
+    pytest.importorskip("ml_dtypes")
+    from conftest import assert_fp8_close
+    from fp8_cases import check_lse, f64, kvcache_case, kvcache_reference
+
+    require_instance(torch.bfloat16, 128)
+    gen = torch.Generator().manual_seed(16)
+    case, out_dtype = kvcache_case(gen, torch.bfloat16, "bhk", sq=1, s_new=0, h=8, hk=2, d=128,
+                                   max_sk=1000, page_size=page_size)
+    sliced = {name: t.cuda()[..., :120] if name in ("q", "k_cache", "v_cache") else t.cuda()
+              for name, t in case.items()}
+    out, lse = flashattn.flash_attn_with_kvcache(**sliced, causal=True, return_softmax_lse=True)
+    r, rl, _, _ = kvcache_reference(sliced, out_dtype)
+    assert_fp8_close(f64(out), r)
+    check_lse(lse, rl)
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
 def test_fp8_kvcache_append_rotary(page_size):
     """bf16 q over an e4m3 cache: 3 rows appended with GPT-NeoX rotary (rotated in fp32, rounded
     to bf16, then quantized: the stored k may differ from the oracle's by one e4m3 step)."""

@@ -23,11 +23,10 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 // (docs/DECISIONS.md D-21).
 enum class L2Hint { none, evict_first };
 
-// 16-byte global->shared async copy to the shared-window address dst; src_bytes 0 zero-fills
-// the destination without reading.
+// 16-byte global->shared async copy to the shared-window address dst that reads the first
+// src_bytes (0 to 16) of the source and zero-fills the rest (0: reads nothing).
 template <L2Hint kHint = L2Hint::none>
-__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
+__device__ __forceinline__ void cp_async_16_bytes(uint32_t dst, const void* gmem_src, int src_bytes) {
   if constexpr (kHint == L2Hint::evict_first) {
     constexpr uint64_t kPolicy = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
@@ -36,6 +35,11 @@ __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* gmem_sr
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
                  "r"(src_bytes));
   }
+}
+// ... all 16 bytes, or (valid false) none.
+template <L2Hint kHint = L2Hint::none>
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* gmem_src, bool valid) {
+  cp_async_16_bytes<kHint>(dst, gmem_src, valid ? 16 : 0);
 }
 template <L2Hint kHint = L2Hint::none>
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {

@@ -28,15 +28,15 @@ struct KvStages {
   Element* v;              // [kStages] V tiles
   KvRowOffsets* tables;    // [kStages][kBlockN] (paged K/V through issue(n) only)
   // FP8 K/V (Traits::kKvFp8): the tiles' e4m3 mirrors, K stage s and V stage s at
-  // Traits::kv_mirror(smem, s) and (smem, kStages + s); null otherwise.
+  // Traits::k_mirror(smem, s) and v_mirror(smem, s); null otherwise.
   char* fp8_smem = nullptr;
 
   __device__ __forceinline__ uint8_t* k_mirror(int stage) const {
-    if constexpr (Traits::kKvFp8) return Traits::kv_mirror(fp8_smem, stage);
+    if constexpr (Traits::kKvFp8) return Traits::k_mirror(fp8_smem, stage);
     return nullptr;
   }
   __device__ __forceinline__ uint8_t* v_mirror(int stage) const {
-    if constexpr (Traits::kKvFp8) return Traits::kv_mirror(fp8_smem, Traits::kStages + stage);
+    if constexpr (Traits::kKvFp8) return Traits::v_mirror(fp8_smem, stage);
     return nullptr;
   }
   // FP8: this thread's chunks of tile n, widened once its copies landed (convert_tile).
@@ -49,6 +49,9 @@ struct KvStages {
       convert_tile<Traits, Traits::kBlockN>(v_stage, v_mirror(stage), tid);
     }
   }
+
+  // Nothing here: V is widened with K (the fp8 pipeline widens it apart: fp8_warp_kv.h).
+  __device__ __forceinline__ void widen_v(int /*n*/) const {}
 
   __device__ __forceinline__ auto k_tile(int stage) const {
     return make_tensor(make_smem_ptr(k + stage * kElems), typename Traits::SmemLayoutKV{});

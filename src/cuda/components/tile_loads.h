@@ -298,23 +298,23 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
 // 64-bit products per row, the table's shared-memory round trip and the barrier between the
 // page-table read and the copies, which let a short decode CTA start its copies only after its
 // setup (docs/DECISIONS.md D-22).
-template <class Traits>
-struct PagedRows {
-  static constexpr int kRows = Traits::kBlockN / Traits::kGmemRowsPerPass;
+template <int kRows_>
+struct PageRows {
+  static constexpr int kRows = kRows_;
   int page[kRows];     // the page holding each row; -1 past the sequence's keys, or where the
                        // block_table entry names no page of the cache (index_checks.h)
   int in_page[kRows];  // each row's row within its page
 };
-
 template <class Traits>
-__device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams& p, const CtaInfo& c,
-                                                              int n, int tid) {
-  constexpr int kStep = Traits::kGmemRowsPerPass;
-  PagedRows<Traits> rows;
-  const int first = n * Traits::kBlockN + tid / Traits::kGmemThreadsPerRow;  // this thread's first key
-  const bool copies = tid < Traits::kGmemThreads;
-  // rules.h kv_page, walked kStep keys at a time: kStep keys on is step_pages pages and
-  // step_rows rows on.
+using PagedRows = PageRows<Traits::kBlockN / Traits::kGmemRowsPerPass>;
+
+// The pages of kRows keys kStep apart from key `first` (rows.page -1 for those past the keys,
+// and for all of them where `copies` is false): rules.h kv_page, walked kStep keys at a time
+// (kStep keys on is step_pages pages and step_rows rows on), with one division per call.
+template <int kRows, int kStep>
+__device__ __forceinline__ PageRows<kRows> lookup_page_rows(const AttnParams& p, const CtaInfo& c, int first,
+                                                            bool copies) {
+  PageRows<kRows> rows;
   const int pos = c.seq.leftpad + first;
   int page_index = pos / p.page_size;
   int in_page = pos - page_index * p.page_size;
@@ -324,10 +324,10 @@ __device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams&
   // The table entries are read first, all of them in flight at once, and checked after: a
   // check (and its fault branch) right after each read made the reads wait for one another
   // (decode at page size 1 measured up to 1.5x slower, D-61).
-  static_assert(PagedRows<Traits>::kRows <= 32, "one bit per row");
+  static_assert(kRows <= 32, "one bit per row");
   unsigned read = 0;  // bit m: row m's entry was read
   CUTE_UNROLL
-  for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
+  for (int m = 0; m < kRows; ++m) {
     const bool valid = copies && first + m * kStep < c.seq.seqlen_k;
     read |= unsigned(valid) << m;
     rows.page[m] = valid ? table_row[page_index] : -1;
@@ -338,14 +338,23 @@ __device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams&
   }
   bool any_outside = false;
   CUTE_UNROLL
-  for (int m = 0; m < PagedRows<Traits>::kRows; ++m) any_outside |= (read >> m & 1u) && !valid_page(p, rows.page[m]);
+  for (int m = 0; m < kRows; ++m) any_outside |= (read >> m & 1u) && !valid_page(p, rows.page[m]);
   if (any_outside) {
     CUTE_UNROLL
-    for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
+    for (int m = 0; m < kRows; ++m) {
       if ((read >> m & 1u) && !checked_page(p, c.b, rows.page[m])) rows.page[m] = -1;
     }
   }
   return rows;
+}
+
+// This thread's copy rows of key tile n (copy_partition: kGmemRowsPerPass rows apart).
+template <class Traits>
+__device__ __forceinline__ PagedRows<Traits> lookup_paged_rows(const AttnParams& p, const CtaInfo& c,
+                                                              int n, int tid) {
+  const int first = n * Traits::kBlockN + tid / Traits::kGmemThreadsPerRow;  // this thread's first key
+  return lookup_page_rows<PagedRows<Traits>::kRows, Traits::kGmemRowsPerPass>(p, c, first,
+                                                                             tid < Traits::kGmemThreads);
 }
 
 // K (kIsV false) or V tile from the rows lookup_paged_rows found: rules.h kv_paged_row_offset

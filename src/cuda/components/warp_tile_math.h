@@ -22,9 +22,8 @@ using cute::Tensor;  // not flashattn::Tensor (the public view)
 // O_w += P V_w. Stage s's partitions are stage 0's shifted by s whole K/V buffers, and a Q
 // buffer's are the first one's shifted likewise (whole swizzle periods, so the swizzled offsets
 // are unchanged). A local type: its members' types are those of the partitions made here.
-template <class Traits, class SmemQ>
-__device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, const SmemQ& sQ, int warp,
-                                                    int lane) {
+template <class Traits, class Kv, class SmemQ>
+__device__ __forceinline__ auto make_warp_tile_math(const Kv& kv, const SmemQ& sQ, int warp, int lane) {
   using Element = typename Traits::Element;
   constexpr bool kSplitDims = Traits::kWarpsSplitDims;
   constexpr int kBlockM = Traits::kBlockM;
@@ -63,6 +62,7 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
         make_smem_ptr(kv.v), typename Traits::SmemLayoutVtWarpNoSwizzle{}))) tOrVt;
     decltype(partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{})) acc_o;
     decltype(tScS_rc) tScS_rc;
+    const Kv& kv;  // KvStages<Traits>, or the fp8 pipeline's (widen_v)
     int warp;
     SoftmaxRowState rows[kRows];
 
@@ -98,6 +98,7 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
 
       Tensor rP = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
+      kv.widen_v(n);  // the fp8 pipeline's V, over K (fp8_warp_kv.h); else nothing
       gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, copy_v, thr_copy_v);
     }
   };
@@ -117,6 +118,7 @@ __device__ __forceinline__ auto make_warp_tile_math(const KvStages<Traits>& kv, 
                           make_tensor(make_smem_ptr(kv.v), typename Traits::SmemLayoutVtWarpNoSwizzle{})),
                       partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{}),
                       tScS_rc,
+                      kv,
                       warp,
                       {}};
 }
