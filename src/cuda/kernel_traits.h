@@ -132,10 +132,13 @@ struct TileTraitsBase {
   static constexpr KvLayouts kKvLayouts = KvLayouts::either;
   // Whether the K/V copies ask the L2 to evict their lines first (DecodeTraits).
   static constexpr bool kKvEvictFirst = false;
-  // How Q and K/V are stored in global memory: as Element here; FP8 e4m3 in Fp8Storage.
+  // How Q and K/V are stored in global memory, and O's type there: as Element here; FP8 e4m3
+  // (and the fp8 decode pipeline's bf16 q and O over fp16 tiles) in Fp8Storage.
   using QStorage = Element;
   using KvStorage = Element;
-  static constexpr bool kQFp8 = false, kKvFp8 = false;
+  using OutElement = Element;
+  static constexpr bool kQFp8 = false, kKvFp8 = false, kQRescaled = false;
+  static constexpr bool kFp8Pipeline = false;  // DecodePipeline::fp8 (DecodeTraits)
 };
 
 template <typename Element_, int kHeadDim_, class TileConfig = FwdTileConfig<kHeadDim_>>
@@ -419,11 +422,19 @@ struct MinBlocksPerSm<T, std::void_t<decltype(T::kMinBlocksPerSm)>> {
 // e4m3 stages of its own layout (row-major, components/fp8_warp_kv.h) into one Element buffer;
 // its warps' merge overlays the e4m3 stages once the mainloop is done.
 // kMirrorStages: the e4m3 K and V stages (the base's stages, or its kCopyStages).
-template <class Base, bool kQFp8_, int kMirrorStages_>
+// OutElement: O's type, and q's when q is not e4m3: the base's Element, or bf16 over the fp8
+// pipeline's fp16 tiles (kQRescaled: Q is converted into its tile times a power of two,
+// fp8_warp_kv.h rescale_q_into_fp16).
+template <class Base, bool kQFp8_, int kMirrorStages_, class OutElement_ = typename Base::Element>
 struct Fp8Storage : Base {
-  using QStorage = std::conditional_t<kQFp8_, uint8_t, typename Base::Element>;
+  using OutElement = OutElement_;
+  using QStorage = std::conditional_t<kQFp8_, uint8_t, OutElement>;
   using KvStorage = uint8_t;
   static constexpr bool kQFp8 = kQFp8_, kKvFp8 = true;
+  static constexpr bool kQRescaled = !kQFp8 && !std::is_same_v<QStorage, typename Base::Element>;
+  static_assert(!kQRescaled || (Base::kFp8Pipeline && sizeof(QStorage) == 2 &&
+                                std::is_same_v<typename Base::Element, cutlass::half_t>),
+                "a 16-bit q of another type: the fp8 pipeline's fp16 tiles only");
   static constexpr int kMirrorStages = kMirrorStages_;
   static constexpr int kMirrorOffset = (Base::kSmemBytes + 127) / 128 * 128;
   static constexpr int kQMirrorBytes = kQFp8 ? Base::kSmemQBytes / 2 : 0;

@@ -288,9 +288,13 @@ void run_fwd_fp8(const AttnParams& p, const KernelChoice& choice, cudaStream_t s
     return launch_tile_grid<T>(p, choice, stream, &fwd::fwd_kernel<T>, "flashattn fwd_kernel (e4m3)");
   }
   if (choice.kernel == Kernel::splitkeys && !choice.deep_pipeline) {
+    // The fp8 pipeline computes in fp16 whatever q and O are (D-66: e4m3 widens into fp16 in
+    // one instruction); the standard one in the instance's type.
     auto launch = [&](auto layout, auto pipeline, const char* name) {
-      using Decode = typename I::template Decode<WarpSplit::keys, decltype(pipeline)::value, decltype(layout)::value>;
-      using T = Fp8Storage<Decode, kQFp8, Decode::kCopyStages>;
+      constexpr DecodePipeline kPipeline = decltype(pipeline)::value;
+      using Compute = std::conditional_t<kPipeline == DecodePipeline::fp8, cutlass::half_t, Element>;
+      using Decode = DecodeTraits<Compute, kHeadDim, WarpSplit::keys, kPipeline, decltype(layout)::value>;
+      using T = Fp8Storage<Decode, kQFp8, Decode::kCopyStages, Element>;
       launch_tile_grid<T>(p, choice, stream, &fwd::splitkeys_kernel<T>, name);
     };
     using Paged = std::integral_constant<KvLayouts, KvLayouts::paged>;

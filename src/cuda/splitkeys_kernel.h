@@ -107,6 +107,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     issue_first_tiles();
   }
   compute_q_o_offsets<Traits>(p, c, q_off, o_off, tid);
+  int* const q_max_bits = reinterpret_cast<int*>(merge_max);  // rescale_q_into_fp16's, until the merge
+  if (Traits::kQRescaled && tid == 0) *q_max_bits = 0;
   __syncthreads();
   if (!q_first) {
     issue_q();
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr bool kSplitDims = Traits::kWarpsSplitDims;
   auto math = make_warp_tile_math<Traits>(kv, sQ, warp, lane);
   math.start();
-  const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
+  ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
 
   // ---- mainloop over key tiles, last first
   for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
@@ -127,6 +129,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n (fp8 pipeline: its rows of K)
     if constexpr (Traits::kQFp8) {
       if (n == tiles.hi - 1) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with the first tile
+    }
+    if constexpr (Traits::kQRescaled) {
+      if (n == tiles.hi - 1) sc.scale_q(rescale_q_into_fp16<Traits>(sQ, q_max_bits, tid));
     }
     // Tile n (and, the first, Q) landed; every warp is done with tile n+1's stage. On the fp8
     // pipeline each warp copies and reads its own keys only (widen's warp barriers): the CTA

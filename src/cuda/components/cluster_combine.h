@@ -30,7 +30,7 @@ template <class Traits>
 __device__ __forceinline__ void combine_in_cluster(const AttnParams& p, const CtaInfo& c, const SplitPartial& mine,
                                                    const int64_t* o_off, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Element = typename Traits::Element;
+  using Element = typename Traits::OutElement;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kRowFloats = Traits::kMergeRowFloats;
   constexpr int kChunksPerRow = Traits::kHeadDim / 8;

@@ -26,7 +26,8 @@ template <class Traits, class SmemTensor>
 __device__ __forceinline__ void store_o_rows(const AttnParams& p, const SmemTensor& sO,
                                              const int64_t* o_off, int tid) {
   if (tid >= Traits::kGmemThreads) return;
-  using Element = typename Traits::Element;
+  using Element = typename Traits::OutElement;  // (the tile's type: the same)
+  static_assert(std::is_same_v<Element, typename Traits::Element>, "O staged in its own type");
   Element* o = static_cast<Element*>(p.o);
   typename Traits::GmemTiledCopy gmem_copy;
   auto thr_copy = gmem_copy.get_thread_slice(tid);
@@ -192,7 +193,7 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
                                                       float* merge_max, float* merge_sum, const MergeO& merge_o,
                                                       const SplitPartial& part, const int64_t* o_off,
                                                       int tid) {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::OutElement;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kNWarps = Traits::kNWarps;
@@ -290,7 +291,7 @@ template <class Traits, class AccO, int kRows>
 __device__ __forceinline__ void store_warp_rows(const AttnParams& p, const CtaInfo& c, const AccO& acc_o,
                                                 const SoftmaxRowState (&rows)[kRows],
                                                 const ScoreScale& sc, int lane) {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::OutElement;
   for_each_warp_row<Traits, Traits::kHeadDim>(
       c, acc_o, rows, sc, lane, [&](int r, float lse, bool quad_leader, auto for_each_pair) {
         const PackedRow pr = tile_row_query(p, c, c.m0 + r);

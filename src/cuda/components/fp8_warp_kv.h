@@ -14,7 +14,10 @@
 // rows per pass, as kPiecesPerRow divides 32: tuning.h fp8_warp_kv_head_dim).
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
+
+#include <cuda_fp16.h>
 
 #include <cute/tensor.hpp>
 
@@ -125,6 +128,58 @@ struct Fp8WarpKv : KvStages<Traits> {
     }
   }
 };
+
+// bf16 q over the fp8 pipeline's fp16 tiles (Traits::kQRescaled): an e4m3 value widens into
+// fp16 in one instruction, into bf16 in four, and the widening was a third of the kernel's
+// instructions (D-66). Q's bf16 rows landed in their fp16 tile as bits (tile_loads.h
+// copy_chunk); each thread converts its own chunks in place, times 2^s: the power of two that
+// takes the tile's largest finite |q| into [2^13, 2^14), so every value down to 2^-27 of it is
+// exact in fp16 (11 significant bits hold bf16's 8) and none overflows; NaN stays NaN. Returns
+// 2^s, for the scores' scale to divide out (ScoreScale::scale_q). max_bits: a shared word that
+// was 0 before the CTA's last barrier. One barrier (the caller's next publishes the tile).
+template <class Traits, class SmemTensor>
+__device__ __forceinline__ float rescale_q_into_fp16(SmemTensor& sQ, int* max_bits, int tid) {
+  auto part = copy_partition<Traits, Traits::kBlockM>(sQ, tid);
+  auto& tXsX = get<0>(part);  // (CPY, CPY_M, CPY_K)
+  const bool copies = tid < Traits::kGmemThreads;
+  auto chunk_words = [&](int m, int k) { return reinterpret_cast<uint32_t*>(&tXsX(0, m, k)); };
+  auto bf16_value = [](uint32_t word, int half) { return __uint_as_float(half ? word & 0xffff0000u : word << 16); };
+  if (copies) {
+    float local_max = 0.0f;
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tXsX); ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tXsX); ++k) {
+        CUTE_UNROLL
+        for (int e = 0; e < 8; ++e) {
+          const float x = fabsf(bf16_value(chunk_words(m, k)[e / 2], e % 2));
+          if (x <= FLT_MAX) local_max = fmaxf(local_max, x);  // finite only
+        }
+      }
+    }
+    atomicMax(max_bits, __float_as_int(local_max));  // non-negative floats order as their bits
+  }
+  __syncthreads();
+  const float q_max = __int_as_float(*max_bits);
+  const int shift = q_max > 0.0f ? max(-120, min(120, 13 - ilogbf(q_max))) : 0;
+  const float factor = __int_as_float((127 + shift) << 23);  // 2^shift
+  if (copies) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tXsX); ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tXsX); ++k) {
+        uint32_t* words = chunk_words(m, k);
+        CUTE_UNROLL
+        for (int w = 0; w < 4; ++w) {
+          const uint32_t word = words[w];
+          const __half2 h = __floats2half2_rn(bf16_value(word, 0) * factor, bf16_value(word, 1) * factor);
+          words[w] = reinterpret_cast<const uint32_t&>(h);
+        }
+      }
+    }
+  }
+  return factor;
+}
 
 // The decode kernel's K/V stages: the fp8 pipeline's (above), or the copies into every stage
 // (kv_pipeline.h). Paged K/V is read without an offset table (PagedRows).

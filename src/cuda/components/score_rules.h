@@ -34,6 +34,15 @@ struct ScoreScale {
     softcap_in_scale = has_softcap ? scale / p.softcap : 0.0f;
     out_descale = fp8 ? v_descale(p, b, hk) : 1.0f;
   }
+  // Scores of q times f (fp8_warp_kv.h rescale_q_into_fp16): the scale divides f out again.
+  __device__ __forceinline__ void scale_q(float f) {
+    if (has_softcap) {
+      softcap_in_scale /= f;
+    } else {
+      raw_scale /= f;
+      scale_log2 /= f;
+    }
+  }
   // A finished row: its output factor (with the v descale) and LSE.
   __device__ __forceinline__ SoftmaxResult finish(const SoftmaxRowState& row) const {
     SoftmaxResult result = row.finish(raw_scale);

@@ -121,8 +121,8 @@ __device__ __forceinline__ void prefetch_page_table_row(const AttnParams& p, int
 template <L2Hint kHint, class Element, class Src>
 __device__ __forceinline__ void copy_chunk(Element* chunk, const Element* tile, uint8_t* mirror, const Src* src,
                                            bool valid) {
-  if constexpr (std::is_same_v<Src, Element>) {
-    cp_async_16<kHint>(chunk, src, valid);
+  if constexpr (sizeof(Src) == sizeof(Element)) {  // Element, or bf16 q's bits for the fp8 pipeline's fp16
+    cp_async_16<kHint>(chunk, src, valid);        // tiles (converted in place: rescale_q_into_fp16)
   } else {
     static_assert(sizeof(Src) == 1, "FP8 sources");
     cp_async_8<kHint>(mirror + (chunk - tile), src, valid);
