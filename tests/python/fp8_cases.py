@@ -98,7 +98,7 @@ def kvcache_case(gen, q_dtype, descale, *, b=3, sq=3, s_new=3, h=4, hk=2, d=64, 
     return c, out_dtype
 
 
-def kvcache_reference(case, out_dtype, causal=True, interleaved=True):
+def kvcache_reference(case, out_dtype, causal=True, interleaved=True, scale=None):
     """reference.kvcache of a kvcache_case (tensors on any device): out, lse, and the caches'
     stored values after the append (float64)."""
     import ml_dtypes  # the rotated q and new keys are rounded to bf16 as the library stores them
@@ -110,7 +110,7 @@ def kvcache_reference(case, out_dtype, causal=True, interleaved=True):
         v_new=f64(case.get("v")), cos=f64(case.get("rotary_cos")),
         sin=f64(case.get("rotary_sin")), cache_seqlens=f64(case["cache_seqlens"]).astype(np.int64),
         block_table=None if table is None else f64(table).astype(np.int64), causal=causal,
-        rotary_interleaved=interleaved, dtype=numpy_dtype, cache_e4m3=True,
+        rotary_interleaved=interleaved, dtype=numpy_dtype, cache_e4m3=True, scale=scale,
         q_descale=f64(case.get("q_descale")), k_descale=f64(case["k_descale"]),
         v_descale=f64(case["v_descale"]))
 
@@ -130,7 +130,8 @@ def check_fp8_kvcache(case, out_dtype, causal=True, interleaved=True, k_cache_ul
     out, lse = flashattn.flash_attn_with_kvcache(**c, causal=causal, rotary_interleaved=interleaved,
                                                  return_softmax_lse=True, **call_kw)
     assert out.dtype == out_dtype and c["k_cache"].dtype == E4M3
-    r, rl, kc, vc = kvcache_reference(case, out_dtype, causal=causal, interleaved=interleaved)
+    r, rl, kc, vc = kvcache_reference(case, out_dtype, causal=causal, interleaved=interleaved,
+                                      scale=call_kw.get("softmax_scale"))
     assert_fp8_close(f64(out), r)
     check_lse(lse, rl)
     np.testing.assert_array_equal(f64(c["v_cache"]), vc)

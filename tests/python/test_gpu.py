@@ -602,6 +602,22 @@ def test_fp8_kvcache_head_dim_slice(page_size):
     check_lse(lse, rl)
 
 
+@pytest.mark.parametrize("q_scale", [3e5, 1e-6])
+def test_fp8_kvcache_q_range(q_scale):
+    """A bf16 q far outside fp16's range (|q| up to ~1e6) or deep in its subnormals (~1e-6): the
+    fp8 decode pipeline converts it into fp16 times a power of two (rescale_q_into_fp16)."""
+    pytest.importorskip("ml_dtypes")
+    from fp8_cases import check_fp8_kvcache, kvcache_case
+
+    require_instance(torch.bfloat16, 128)
+    gen = torch.Generator().manual_seed(17)
+    case, out_dtype = kvcache_case(gen, torch.bfloat16, "bhk", sq=1, s_new=0, h=8, hk=2, d=128,
+                                   max_sk=700, page_size=None)
+    case["q"] = (case["q"].float() * q_scale).to(torch.bfloat16)
+    case = {name: t.cuda() for name, t in case.items()}
+    check_fp8_kvcache(case, out_dtype, softmax_scale=1.0 / (q_scale * 11.3))
+
+
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_fp8_kvcache_append_rotary(page_size):
     """bf16 q over an e4m3 cache: 3 rows appended with GPT-NeoX rotary (rotated in fp32, rounded
