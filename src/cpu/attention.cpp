@@ -19,6 +19,7 @@
 #include "api/backend.h"
 #include "common/rules.h"
 #include "common/softmax_state.h"
+#include "cpu/aligned.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/storage.h"
@@ -85,21 +86,21 @@ struct Scratch {
   int d = 0, n = 0;                    // the tile shape allocated for (0: none yet)
   bool fp32_tiles = false, amx_tiles = false;
   std::vector<TileRow> rows;           // (kBlockM)
-  std::vector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
+  AlignedVector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
   std::vector<SoftmaxRowState> state;  // (kBlockM)
-  std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
+  AlignedVector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
   // fp32 tiles (kernels.h layouts):
-  std::vector<float> qt;               // (d, kBlockM)      query rows transposed
-  std::vector<float> k;                // (n, d_pad)        key tile
-  std::vector<float> v;                // (n, d_pad)        value tile, zero past column d
-  std::vector<float> st;               // (n, kBlockM)      scores, then probabilities
+  AlignedVector<float> qt;               // (d, kBlockM)      query rows transposed
+  AlignedVector<float> k;                // (n, d_pad)        key tile
+  AlignedVector<float> v;                // (n, d_pad)        value tile, zero past column d
+  AlignedVector<float> st;               // (n, kBlockM)      scores, then probabilities
   // bf16 on AMX tiles:
-  std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
+  AlignedVector<uint16_t> q16;             // (kBlockM, d)  query rows
   std::vector<const uint16_t*> k_rows, v_rows;  // (n) a tile's K / V rows (zero_row past the last key)
   std::vector<uint16_t> zero_row;        // (d)
-  std::vector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
-  std::vector<float> s;                  // (kBlockM, step keys)  scores, row-major
-  std::vector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
+  AlignedVector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
+  AlignedVector<float> s;                  // (kBlockM, step keys)  scores, row-major
+  AlignedVector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
 };
 
 // The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-53):
@@ -277,7 +278,7 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
 // read once (decode): each work item then converts its own tiles.
 template <typename T>
 struct PackedKV {
-  std::vector<T> k, v;
+  AlignedVector<T> k, v;
   std::vector<int64_t> first_tile;  // (batch)
   std::vector<int> tiles;           // (batch) key tiles of sequence b
   size_t tile_elems = 0;
