@@ -90,6 +90,7 @@ struct Scratch {
   std::vector<SoftmaxRowState> state;  // (kBlockM)
   AlignedVector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
   // fp32 tiles (kernels.h layouts):
+  AlignedVector<float> q_rows;           // (kBlockM, d)      query rows
   AlignedVector<float> qt;               // (d, kBlockM)      query rows transposed
   AlignedVector<float> k;                // (n, d_pad)        key tile
   AlignedVector<float> v;                // (n, d_pad)        value tile, zero past column d
@@ -121,6 +122,7 @@ void allocate(Scratch& ws, const TileShape& t, bool amx) {
     }
   }
   if (!amx && !ws.fp32_tiles) {
+    ws.q_rows.assign(size_t(kBlockM) * t.d, 0.0f);
     ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
     ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
     ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
@@ -228,21 +230,21 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
-// The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale); the padding
-// rows up to rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's
-// storage.
+// The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale): converted row
+// by row into ws.q_rows, then transposed by the kernel set (D-67); the padding rows up to
+// rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's storage.
 template <typename QS>
-void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows, int rows_pad,
-            const TileShape& t, Scratch& ws) {
+void load_q(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w, int rows,
+            int rows_pad, const TileShape& t, Scratch& ws) {
   using T = typename QS::Element;
   const T* q = static_cast<const T*>(p.q);
   const float descale = q_descale(p, w.b, kv_head_of(p, w));
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
-    const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
-    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = value_of<QS>(q_row[c], descale);
+    load_row<QS>(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q_rows[size_t(r) * t.d], descale);
   }
-  for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
+  std::fill(ws.q_rows.begin() + size_t(rows) * t.d, ws.q_rows.begin() + size_t(rows_pad) * t.d, 0.0f);
+  kern.transpose(ws.q_rows.data(), t.d, rows_pad, t.d, ws.qt.data(), kBlockM);
 }
 
 void init_state(int rows, const TileShape& t, Scratch& ws) {
@@ -468,7 +470,7 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
   const int rows_pad = round_up(rows, kern.row_lanes);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
-  load_q<QS>(p, seq, w, rows, rows_pad, t, ws);
+  load_q<QS>(p, kern, seq, w, rows, rows_pad, t, ws);
   init_state(rows, t, ws);
   for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
     const int n0 = n_block * t.n;
