@@ -253,8 +253,8 @@ void init_state(int rows, const TileShape& t, Scratch& ws) {
 }
 
 // Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad,
-// times the FP8 k / v descale), each key's row found through the page table when K/V are
-// paged: pages are read in place. KS: the storage of k and v.
+// times the FP8 k / v descale; V's columns past d zero), each key's row found through the page
+// table when K/V are paged: pages are read in place. KS: the storage of k and v.
 template <typename KS>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
                   const TileShape& t, float* k_dst, float* v_dst) {
@@ -269,6 +269,7 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
     load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_scale);
     load_row<KS>(v_row, t.d, v_dst + size_t(j) * t.d_pad, v_scale);
+    std::fill(v_dst + size_t(j) * t.d_pad + t.d, v_dst + size_t(j + 1) * t.d_pad, 0.0f);
   }
 }
 
@@ -315,6 +316,7 @@ PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_ele
   }
   if (total == 0) return packed;
   packed.tile_elems = tile_elems;
+  // Left uninitialised (aligned.h): pack_tile writes every element that the kernels read.
   packed.k.resize(size_t(total) * tile_elems);
   packed.v.resize(size_t(total) * tile_elems);
   parallel_for(total, resolve_threads(p.num_threads, total), [&](int64_t item, int worker) {
