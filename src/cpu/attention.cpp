@@ -230,6 +230,20 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
+// Asks the caches for `bytes` bytes from `row`, for reading (write = false) or writing: the rows
+// of a query tile lie one (b, s, h, d) stride apart, where the hardware prefetchers do not look
+// ahead, so that a pass over them waits on memory row after row without this (D-68).
+inline void prefetch_row(const void* row, size_t bytes, bool write) {
+  const char* at = static_cast<const char*>(row);
+  for (size_t byte = 0; byte < bytes; byte += kCacheLineBytes) {
+    if (write) {
+      __builtin_prefetch(at + byte, 1, 3);
+    } else {
+      __builtin_prefetch(at + byte, 0, 3);
+    }
+  }
+}
+
 // The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale): converted row
 // by row into ws.q_rows, then transposed by the kernel set (D-67); the padding rows up to
 // rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's storage.
@@ -239,6 +253,9 @@ void load_q(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, co
   using T = typename QS::Element;
   const T* q = static_cast<const T*>(p.q);
   const float descale = q_descale(p, w.b, kv_head_of(p, w));
+  for (int r = 0; r < rows; ++r) {
+    prefetch_row(q + q_offset(p, seq, w.b, ws.rows[r].query, ws.rows[r].head), t.d * sizeof(T), false);
+  }
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     load_row<QS>(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q_rows[size_t(r) * t.d], descale);
@@ -439,6 +456,11 @@ template <typename S>
 void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w,
            const ScoreUnits& units, int rows, const TileShape& t, Scratch& ws) {
   using T = typename S::Element;
+  if (p.num_splits <= 1) {
+    for (int r = 0; r < rows; ++r) {
+      prefetch_row(static_cast<T*>(p.o) + o_offset(p, seq, w.b, ws.rows[r].query, ws.rows[r].head), t.d * sizeof(T), true);
+    }
+  }
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     float* o_row = &ws.o[size_t(r) * t.d_pad];
