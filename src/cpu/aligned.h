@@ -2,7 +2,7 @@
 // so that the kernels' full-vector loads and stores never straddle two lines, and whose
 // elements are left uninitialised by resize() (assign() still fills). Buffers of 2 MB or more
 // (the K/V packed once per call) start on a 2 MB boundary and ask Linux for huge pages, so that
-// their first touch takes one page fault per 2 MB rather than per 4 KB (docs/DECISIONS.md D-66).
+// their first touch takes one page fault per 2 MB rather than per 4 KB (docs/DECISIONS.md D-67).
 #pragma once
 
 #include <cstddef>

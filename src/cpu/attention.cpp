@@ -232,7 +232,7 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
 
 // Asks the caches for `bytes` bytes from `row`, for reading (write = false) or writing: the rows
 // of a query tile lie one (b, s, h, d) stride apart, where the hardware prefetchers do not look
-// ahead, so that a pass over them waits on memory row after row without this (D-68).
+// ahead, so that a pass over them waits on memory row after row without this (D-69).
 inline void prefetch_row(const void* row, size_t bytes, bool write) {
   const char* at = static_cast<const char*>(row);
   for (size_t byte = 0; byte < bytes; byte += kCacheLineBytes) {
@@ -245,7 +245,7 @@ inline void prefetch_row(const void* row, size_t bytes, bool write) {
 }
 
 // The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale): converted row
-// by row into ws.q_rows, then transposed by the kernel set (D-67); the padding rows up to
+// by row into ws.q_rows, then transposed by the kernel set (D-68); the padding rows up to
 // rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's storage.
 template <typename QS>
 void load_q(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w, int rows,
