@@ -19,6 +19,7 @@
 #include "api/backend.h"
 #include "common/rules.h"
 #include "common/softmax_state.h"
+#include "cpu/aligned.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/storage.h"
@@ -85,21 +86,22 @@ struct Scratch {
   int d = 0, n = 0;                    // the tile shape allocated for (0: none yet)
   bool fp32_tiles = false, amx_tiles = false;
   std::vector<TileRow> rows;           // (kBlockM)
-  std::vector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
+  AlignedVector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
   std::vector<SoftmaxRowState> state;  // (kBlockM)
-  std::vector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
+  AlignedVector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
   // fp32 tiles (kernels.h layouts):
-  std::vector<float> qt;               // (d, kBlockM)      query rows transposed
-  std::vector<float> k;                // (n, d_pad)        key tile
-  std::vector<float> v;                // (n, d_pad)        value tile, zero past column d
-  std::vector<float> st;               // (n, kBlockM)      scores, then probabilities
+  AlignedVector<float> q_rows;           // (kBlockM, d)      query rows
+  AlignedVector<float> qt;               // (d, kBlockM)      query rows transposed
+  AlignedVector<float> k;                // (n, d_pad)        key tile
+  AlignedVector<float> v;                // (n, d_pad)        value tile, zero past column d
+  AlignedVector<float> st;               // (n, kBlockM)      scores, then probabilities
   // bf16 on AMX tiles:
-  std::vector<uint16_t> q16;             // (kBlockM, d)  query rows
+  AlignedVector<uint16_t> q16;             // (kBlockM, d)  query rows
   std::vector<const uint16_t*> k_rows, v_rows;  // (n) a tile's K / V rows (zero_row past the last key)
   std::vector<uint16_t> zero_row;        // (d)
-  std::vector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
-  std::vector<float> s;                  // (kBlockM, step keys)  scores, row-major
-  std::vector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
+  AlignedVector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
+  AlignedVector<float> s;                  // (kBlockM, step keys)  scores, row-major
+  AlignedVector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
 };
 
 // The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-53):
@@ -120,6 +122,7 @@ void allocate(Scratch& ws, const TileShape& t, bool amx) {
     }
   }
   if (!amx && !ws.fp32_tiles) {
+    ws.q_rows.assign(size_t(kBlockM) * t.d, 0.0f);
     ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
     ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
     ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
@@ -227,21 +230,38 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
-// The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale); the padding
-// rows up to rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's
-// storage.
+// Asks the caches for `bytes` bytes from `row`, for reading (write = false) or writing: the rows
+// of a query tile lie one (b, s, h, d) stride apart, where the hardware prefetchers do not look
+// ahead, so that a pass over them waits on memory row after row without this (D-69).
+inline void prefetch_row(const void* row, size_t bytes, bool write) {
+  const char* at = static_cast<const char*>(row);
+  for (size_t byte = 0; byte < bytes; byte += kCacheLineBytes) {
+    if (write) {
+      __builtin_prefetch(at + byte, 1, 3);
+    } else {
+      __builtin_prefetch(at + byte, 0, 3);
+    }
+  }
+}
+
+// The tile's query rows into ws.qt (transposed, fp32, times the FP8 q descale): converted row
+// by row into ws.q_rows, then transposed by the kernel set (D-68); the padding rows up to
+// rows_pad (whole row vectors) are zero, so that their scores are finite. QS: q's storage.
 template <typename QS>
-void load_q(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows, int rows_pad,
-            const TileShape& t, Scratch& ws) {
+void load_q(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w, int rows,
+            int rows_pad, const TileShape& t, Scratch& ws) {
   using T = typename QS::Element;
   const T* q = static_cast<const T*>(p.q);
   const float descale = q_descale(p, w.b, kv_head_of(p, w));
   for (int r = 0; r < rows; ++r) {
-    const TileRow& row = ws.rows[r];
-    const T* q_row = q + q_offset(p, seq, w.b, row.query, row.head);
-    for (int c = 0; c < t.d; ++c) ws.qt[size_t(c) * kBlockM + r] = value_of<QS>(q_row[c], descale);
+    prefetch_row(q + q_offset(p, seq, w.b, ws.rows[r].query, ws.rows[r].head), t.d * sizeof(T), false);
   }
-  for (int c = 0; c < t.d; ++c) std::fill_n(&ws.qt[size_t(c) * kBlockM + rows], rows_pad - rows, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    const TileRow& row = ws.rows[r];
+    load_row<QS>(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q_rows[size_t(r) * t.d], descale);
+  }
+  std::fill(ws.q_rows.begin() + size_t(rows) * t.d, ws.q_rows.begin() + size_t(rows_pad) * t.d, 0.0f);
+  kern.transpose(ws.q_rows.data(), t.d, rows_pad, t.d, ws.qt.data(), kBlockM);
 }
 
 void init_state(int rows, const TileShape& t, Scratch& ws) {
@@ -250,8 +270,8 @@ void init_state(int rows, const TileShape& t, Scratch& ws) {
 }
 
 // Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad,
-// times the FP8 k / v descale), each key's row found through the page table when K/V are
-// paged: pages are read in place. KS: the storage of k and v.
+// times the FP8 k / v descale; V's columns past d zero), each key's row found through the page
+// table when K/V are paged: pages are read in place. KS: the storage of k and v.
 template <typename KS>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
                   const TileShape& t, float* k_dst, float* v_dst) {
@@ -266,6 +286,7 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
     load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_scale);
     load_row<KS>(v_row, t.d, v_dst + size_t(j) * t.d_pad, v_scale);
+    std::fill(v_dst + size_t(j) * t.d_pad + t.d, v_dst + size_t(j + 1) * t.d_pad, 0.0f);
   }
 }
 
@@ -277,7 +298,7 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
 // read once (decode): each work item then converts its own tiles.
 template <typename T>
 struct PackedKV {
-  std::vector<T> k, v;
+  AlignedVector<T> k, v;
   std::vector<int64_t> first_tile;  // (batch)
   std::vector<int> tiles;           // (batch) key tiles of sequence b
   size_t tile_elems = 0;
@@ -312,6 +333,7 @@ PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_ele
   }
   if (total == 0) return packed;
   packed.tile_elems = tile_elems;
+  // Left uninitialised (aligned.h): pack_tile writes every element that the kernels read.
   packed.k.resize(size_t(total) * tile_elems);
   packed.v.resize(size_t(total) * tile_elems);
   parallel_for(total, resolve_threads(p.num_threads, total), [&](int64_t item, int worker) {
@@ -434,6 +456,11 @@ template <typename S>
 void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w,
            const ScoreUnits& units, int rows, const TileShape& t, Scratch& ws) {
   using T = typename S::Element;
+  if (p.num_splits <= 1) {
+    for (int r = 0; r < rows; ++r) {
+      prefetch_row(static_cast<T*>(p.o) + o_offset(p, seq, w.b, ws.rows[r].query, ws.rows[r].head), t.d * sizeof(T), true);
+    }
+  }
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     float* o_row = &ws.o[size_t(r) * t.d_pad];
@@ -467,7 +494,7 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
   const int rows_pad = round_up(rows, kern.row_lanes);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
-  load_q<QS>(p, seq, w, rows, rows_pad, t, ws);
+  load_q<QS>(p, kern, seq, w, rows, rows_pad, t, ws);
   init_state(rows, t, ws);
   for (int n_block = tiles.lo; n_block < tiles.hi; ++n_block) {
     const int n0 = n_block * t.n;

@@ -50,6 +50,9 @@ struct TileKernels {
 
   // dst[c] = bf16 of src[c] * scale for c < n, rounded as half.h float_to_bf16_bits (bit for bit).
   void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);
+
+  // dst[c][r] = src[r][c] for r < rows, c < cols (the query tile into qt, D-68).
+  void (*transpose)(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst);
 };
 
 // The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx2|avx512|amx

@@ -217,10 +217,18 @@ FA_AVX2 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst)
   }
 }
 
+// 8 x 8 blocks through registers would gain little here: the query tile is transposed once per
+// work item. Plain loops, one source row at a time.
+FA_AVX2 void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) dst[size_t(c) * ld_dst + r] = src[size_t(r) * ld_src + c];
+  }
+}
+
 }  // namespace
 
 const TileKernels* avx2_kernels() {
-  static const TileKernels kernels{"avx2", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"avx2", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported ? &kernels : nullptr;
 }

@@ -165,10 +165,59 @@ FA_AVX512 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* ds
   }
 }
 
+// ---- dst (cols x rows) = src (rows x cols)^T, 16 x 16 blocks through registers -----------------
+
+// r[i] = row i of a 16 x 16 block in, column i out: pairs of rows interleaved (unpack ps), then
+// pairs of pairs (unpack pd), then the 128-bit lanes gathered across the four row groups.
+FA_AVX512 inline void transpose_16x16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + k], 128-bit lane L: rows 4i..4i+3 of column 4L + k
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), e = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4L + k takes lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+    const __m512 w0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), w1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+    const __m512 w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88), w3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+    r[k] = _mm512_shuffle_f32x4(w0, w2, 0x88);
+    r[4 + k] = _mm512_shuffle_f32x4(w1, w3, 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(w0, w2, 0xdd);
+    r[12 + k] = _mm512_shuffle_f32x4(w1, w3, 0xdd);
+  }
+}
+
+FA_AVX512 inline __mmask16 first_lanes(int n) {
+  return n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+}
+
+FA_AVX512 void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst) {
+  for (int r0 = 0; r0 < rows; r0 += kLanes) {
+    const int block_rows = std::min(kLanes, rows - r0);
+    for (int c0 = 0; c0 < cols; c0 += kLanes) {
+      const int block_cols = std::min(kLanes, cols - c0);
+      const __mmask16 col_mask = first_lanes(block_cols), row_mask = first_lanes(block_rows);
+      __m512 block[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        block[i] = i < block_rows ? _mm512_maskz_loadu_ps(col_mask, src + size_t(r0 + i) * ld_src + c0)
+                                  : _mm512_setzero_ps();
+      }
+      transpose_16x16(block);
+      for (int c = 0; c < block_cols; ++c) _mm512_mask_storeu_ps(dst + size_t(c0 + c) * ld_dst + r0, row_mask, block[c]);
+    }
+  }
+}
+
 }  // namespace
 
 const TileKernels* avx512_kernels() {
-  static const TileKernels kernels{"avx512", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"avx512", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   return supported ? &kernels : nullptr;

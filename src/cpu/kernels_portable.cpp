@@ -71,6 +71,12 @@ void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst) {
   for (int c = 0; c < n; ++c) dst[c] = float_to_bf16_bits(src[c] * scale);
 }
 
+void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) dst[size_t(c) * ld_dst + r] = src[size_t(r) * ld_src + c];
+  }
+}
+
 // FLASHATTN_KERNEL=...,cpu=portable|avx2|avx512|amx (tests) caps the kernel set.
 KernelLevel highest_allowed_level() {
   switch (kernel_override_from_env().cpu_kernels) {
@@ -89,7 +95,7 @@ bool kernel_level_allowed(KernelLevel level) {
 }
 
 const TileKernels& portable_kernels() {
-  static const TileKernels kernels{"portable", kRowLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16};
+  static const TileKernels kernels{"portable", kRowLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   return kernels;
 }
 

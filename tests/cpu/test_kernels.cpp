@@ -250,6 +250,26 @@ TEST_P(CpuKernelSet, PvMatchesPortable) {
   }
 }
 
+// The transpose moves values: bit for bit, nothing written outside the rows x cols block.
+TEST_P(CpuKernelSet, TransposeMatchesDefinition) {
+  for (int rows : {1, 5, 16, 17, 64, 128}) {
+    for (int cols : {1, 7, 16, 40, 128, 256}) {
+      const int ld_src = cols + 3, ld_dst = rows + 5;
+      const std::vector<float> src = random_floats(size_t(rows) * ld_src, 47 + rows);
+      const std::vector<float> before = random_floats(size_t(cols) * ld_dst, 53 + cols);
+      std::vector<float> got(before);
+      fast_->transpose(src.data(), ld_src, rows, cols, got.data(), ld_dst);
+      for (int c = 0; c < cols; ++c) {
+        for (int r = 0; r < ld_dst; ++r) {
+          const size_t at = size_t(c) * ld_dst + r;
+          const float want = r < rows ? src[size_t(r) * ld_src + c] : before[at];
+          ASSERT_EQ(to_bits(got[at]), to_bits(want)) << "rows=" << rows << " cols=" << cols << " r=" << r << " c=" << c;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sets, CpuKernelSet,
                          ::testing::Values(KernelSet{"avx2", flashattn::cpu::avx2_kernels},
                                            KernelSet{"avx512", flashattn::cpu::avx512_kernels}),
