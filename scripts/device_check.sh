@@ -17,11 +17,10 @@
 #             chunked prefill over a paged cache (prefill-paged-h200.json)
 #   overhead  host time against GPU time of small decode calls (bench/probes/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
-#   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
-#             timed as the benchmark times them (bench/probes/l2_state.py --read-floor; not default)
-#   probe     bench/probes/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
-#   dram      Nsight Compute's DRAM bytes and time of each decode call at the 128k-token points,
-#             after the benchmark's dirty flush and after a clean one (bench/probes/decode_ncu.py; not default)
+#   fuzz      (after pyext) tests/python/test_fuzz_gpu.py: hypothesis' random calls on CUDA tensors
+#             against the CPU backend (FLASHATTN_FUZZ_GPU_EXAMPLES per test, default 300); then
+#             tests/python/test_index_faults_gpu.py under compute-sanitizer memcheck: bad index
+#             values in device memory through the Python API. Log: fuzz-gpu.log
 # Logs, JSON and PNG go to $OUT (at most 8 files come back). Default: build test sanitize.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-out}"
@@ -87,6 +86,20 @@ stage_pyext() {
 stage_pytest() {
   python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$OUT/pytest-gpu.log" | tail -n 8
   return "${PIPESTATUS[0]}"
+}
+
+# The GPU fuzz, then the bad index values under memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING: every
+# tensor its own allocation, so that memcheck sees an access past one).
+stage_fuzz() {
+  local log="$OUT/fuzz-gpu.log" rc=0
+  echo "== pytest tests/python/test_fuzz_gpu.py" >"$log"
+  python3 -m pytest -q -p no:cacheprovider --hypothesis-show-statistics tests/python/test_fuzz_gpu.py \
+    >>"$log" 2>&1 || rc=1
+  echo "== compute-sanitizer memcheck: pytest tests/python/test_index_faults_gpu.py" >>"$log"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider tests/python/test_index_faults_gpu.py >>"$log" 2>&1 || rc=1
+  grep -E "^== |(passed|failed|skipped|error).* in [0-9.]+s|ERROR SUMMARY" "$log"
+  return $rc
 }
 
 stage_sanitize() {
