@@ -144,7 +144,7 @@ def check_pair(case, report, device, event=lambda text: None):
         event(f"{device}: not compiled")
         return
     if dev["status"] is not None:
-        kind, message = dev["status"]
+        message = dev["status"][1]
         assert case["bad"] in DEVICE_VALUE_BAD, f"index fault on a call without one: {message}\n{what}"
         assert ERROR_MESSAGE.match(message) and _argument(dev["status"]) in INDEX_ARGS, \
             f"unclear device status: {message!r}\n{what}"
