@@ -17,6 +17,15 @@
 #             chunked prefill over a paged cache (prefill-paged-h200.json)
 #   overhead  host time against GPU time of small decode calls (bench/probes/decode_overhead.py)
 #   pytest    the whole pytest suite, GPU tests included (torch, CuPy, JAX, CUDA graph capture)
+#   fuzz      (after pyext) tests/python/test_fuzz_gpu.py: hypothesis' random calls on CUDA tensors
+#             against the CPU backend (FLASHATTN_FUZZ_GPU_EXAMPLES per test, default 300); then
+#             tests/python/test_index_faults_gpu.py under compute-sanitizer memcheck: bad index
+#             values in device memory through the Python API. Log: fuzz-gpu.log
+#   wheel     the carried wheel (.whl/flashattn-*.whl, built on the development machine: carry
+#             [".whl"]; CONTRIBUTING.md "Wheels") installed with --no-deps --no-index into a fresh
+#             venv over the system's torch and numpy, then test_gpu.py, test_import_order.py and
+#             test_torch.py run by that venv's python from a copy of tests/python outside the source
+#             tree, without PYTHONPATH, .carry/prefix or nvcc. Needs no other stage. Log: wheel.log
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
 #             timed as the benchmark times them (bench/probes/l2_state.py --read-floor; not default)
 #   probe     bench/probes/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
@@ -87,6 +96,67 @@ stage_pyext() {
 stage_pytest() {
   python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$OUT/pytest-gpu.log" | tail -n 8
   return "${PIPESTATUS[0]}"
+}
+
+# The GPU fuzz, then the bad index values under memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING: every
+# tensor its own allocation, so that memcheck sees an access past one; --report-api-errors no:
+# torch's own CUDA calls are not under test, and the library turns a failed CUDA call into an
+# exception, which fails the test).
+stage_fuzz() {
+  local log="$OUT/fuzz-gpu.log" rc=0
+  echo "== pytest tests/python/test_fuzz_gpu.py" >"$log"
+  python3 -m pytest -q -p no:cacheprovider --hypothesis-show-statistics tests/python/test_fuzz_gpu.py \
+    >>"$log" 2>&1 || rc=1
+  echo "== compute-sanitizer memcheck: pytest tests/python/test_index_faults_gpu.py" >>"$log"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider tests/python/test_index_faults_gpu.py >>"$log" 2>&1 || rc=1
+  grep -E "^== |(passed|failed|skipped|error).* in [0-9.]+s|ERROR SUMMARY" "$log"
+  return $rc
+}
+
+# The wheel on a machine as a user has it: its own venv, no source tree on the path, no build
+# products, no CUDA toolkit on PATH (the CUDA runtime is linked into libflashattn.so).
+stage_wheel() {
+  local log="$OUT/wheel.log" venv=/tmp/fa-wheel-venv work=/tmp/fa-wheel-run whl d path="" ldpath=""
+  whl="$(ls -t .whl/flashattn-*.whl 2>/dev/null | head -n 1)"
+  [ -n "$whl" ] || { echo "no .whl/flashattn-*.whl: carry .whl"; return 1; }
+  rm -rf "$venv" "$work" && mkdir -p "$work" && cp -r tests/python "$work/tests"
+  { echo "== $whl ($(du -h "$whl" | cut -f1))"
+    # without ensurepip (a distribution's python3 lacking python3-venv): the system's pip
+    { python3 -m venv --system-site-packages "$venv" ||
+        python3 -m venv --system-site-packages --without-pip --clear "$venv"; } &&
+      "$venv/bin/python" -m pip install --no-deps --no-index "$whl"; } >"$log" 2>&1 ||
+    { tail -n 20 "$log"; return 1; }
+  local IFS=:
+  for d in $PATH; do [ -x "$d/nvcc" ] || [[ "$d" == */cuda*/bin ]] || path="${path:+$path:}$d"; done
+  for d in ${LD_LIBRARY_PATH:-}; do [[ "$d" == *"$CARRY/prefix"* ]] || ldpath="${ldpath:+$ldpath:}$d"; done
+  unset IFS
+  (
+    cd "$work" || exit 1
+    unset PYTHONPATH CUDA_HOME CUDA_PATH
+    export PATH="$path" LD_LIBRARY_PATH="$ldpath"
+    echo "nvcc on PATH: $(command -v nvcc || echo none); LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    "$venv/bin/python" - <<'PY' || exit 1
+import sys
+
+import flashattn
+import torch
+
+print("flashattn.__file__:", flashattn.__file__)
+print("flashattn.build_info():", flashattn.build_info())
+print("torch.cuda.get_device_name():", torch.cuda.get_device_name())
+assert flashattn.__file__.startswith(sys.prefix), f"not the venv's package ({sys.prefix})"
+assert flashattn.cuda_available(), "the wheel's flashattn has no CUDA"
+PY
+    ldd "$(dirname "$("$venv/bin/python" -c "import flashattn; print(flashattn.__file__)")")"/*.so |
+      grep -E "^/|=>" | grep -v -E "linux-vdso|ld-linux"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_import_order.py \
+      tests/test_torch.py
+  ) >>"$log" 2>&1
+  local rc=$?
+  grep -E "^== |^nvcc|^flashattn|^torch.cuda|(passed|failed|skipped|error).* in [0-9.]+s" "$log"
+  [ $rc -eq 0 ] || tail -n 30 "$log"
+  return $rc
 }
 
 stage_sanitize() {
