@@ -27,7 +27,7 @@ constexpr Named kKernels[] = {
 [[noreturn]] void bad_value(const std::string& value, const std::string& why) {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
-                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|amx]"
+                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|avx512bf16|amx]"
                                                  "[,checked=on|off],"
                                                  " kernel one of automatic, mma, wgmma, warpspec, splitkeys, deep, dims,"
                                                  " persistent, heads)");
@@ -69,6 +69,8 @@ void apply_field(const std::string& field, bool first, const std::string& whole,
     o.cpu_kernels = CpuKernels::avx2;
   } else if (key == "cpu" && value == "avx512") {
     o.cpu_kernels = CpuKernels::avx512;
+  } else if (key == "cpu" && value == "avx512bf16") {
+    o.cpu_kernels = CpuKernels::avx512bf16;
   } else if (key == "cpu" && value == "amx") {
     o.cpu_kernels = CpuKernels::amx;
   } else if (key == "checked" && value == "on") {

@@ -5,7 +5,8 @@
 // Each item walks the key tiles (splitkv_block_n(d) keys each) visible to its rows, cut by
 // split_tiles when num_splits > 1, with the online softmax of SoftmaxRowState (one state per
 // row) and a rescaled fp32 accumulator. The products and the softmax row passes are the tile
-// kernels of kernels.h (AVX-512, AVX2 or portable, chosen at run time). Nothing proportional to
+// kernels of kernels.h (AVX-512, AVX2 or portable, chosen at run time; for bf16 the AMX or
+// AVX512-BF16 set where the CPU has one). Nothing proportional to
 // seqlen_q x seqlen_k is ever allocated: the scratch of one worker is a few tiles.
 #include <algorithm>
 #include <cmath>
@@ -81,10 +82,10 @@ TileShape tile_shape(const AttnParams& p) {
 }
 
 // Scratch of one worker, reused across its work items and, through the pool below, across
-// calls. Allocated for one tile shape, the fp32 tiles or the AMX ones as the call needs.
+// calls. Allocated for one tile shape, the fp32 tiles or the bf16 ones as the call needs.
 struct Scratch {
   int d = 0, n = 0;                    // the tile shape allocated for (0: none yet)
-  bool fp32_tiles = false, amx_tiles = false;
+  bool fp32_tiles = false, bf16_tiles = false;
   std::vector<TileRow> rows;           // (kBlockM)
   AlignedVector<float> o;                // (kBlockM, d_pad)  unnormalised output accumulator
   std::vector<SoftmaxRowState> state;  // (kBlockM)
@@ -95,7 +96,7 @@ struct Scratch {
   AlignedVector<float> k;                // (n, d_pad)        key tile
   AlignedVector<float> v;                // (n, d_pad)        value tile, zero past column d
   AlignedVector<float> st;               // (n, kBlockM)      scores, then probabilities
-  // bf16 on AMX tiles:
+  // bf16 tiles (AMX or AVX512-BF16):
   AlignedVector<uint16_t> q16;             // (kBlockM, d)  query rows
   std::vector<const uint16_t*> k_rows, v_rows;  // (n) a tile's K / V rows (zero_row past the last key)
   std::vector<uint16_t> zero_row;        // (d)
@@ -104,12 +105,12 @@ struct Scratch {
   AlignedVector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
 };
 
-// The AMX walk takes up to kAmxTilesPerStep key tiles per online-softmax step (D-53):
+// The bf16 walk takes up to kBf16TilesPerStep key tiles per online-softmax step (D-53, AMX):
 // bf16 1 x 2048 x 4 x 128 causal, 1 thread: 1 tile 128, 2 tiles 140, 4 tiles 145, 8 tiles
 // level with 4 (GFLOP/s, best of 6 alternating calls).
-constexpr int kAmxTilesPerStep = 4;
+constexpr int kBf16TilesPerStep = 4;
 
-void allocate(Scratch& ws, const TileShape& t, bool amx) {
+void allocate(Scratch& ws, const TileShape& t, bool bf16) {
   if (ws.d != t.d || ws.n != t.n) {
     ws = Scratch{};
     ws.d = t.d;
@@ -121,7 +122,7 @@ void allocate(Scratch& ws, const TileShape& t, bool amx) {
       row_vector->assign(kBlockM, 0.0f);
     }
   }
-  if (!amx && !ws.fp32_tiles) {
+  if (!bf16 && !ws.fp32_tiles) {
     ws.q_rows.assign(size_t(kBlockM) * t.d, 0.0f);
     ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
     ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
@@ -129,8 +130,8 @@ void allocate(Scratch& ws, const TileShape& t, bool amx) {
     ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
     ws.fp32_tiles = true;
   }
-  if (amx && !ws.amx_tiles) {
-    const int step = kAmxTilesPerStep * t.n;
+  if (bf16 && !ws.bf16_tiles) {
+    const int step = kBf16TilesPerStep * t.n;
     ws.q16.assign(size_t(kBlockM) * t.d, 0);
     for (auto* tile : {&ws.k_vnni, &ws.v_vnni}) tile->assign(size_t(step) * t.d, 0);
     ws.k_rows.assign(t.n, nullptr);
@@ -138,7 +139,7 @@ void allocate(Scratch& ws, const TileShape& t, bool amx) {
     ws.zero_row.assign(t.d, 0);
     ws.s.assign(size_t(kBlockM) * step, 0.0f);
     ws.p16.assign(size_t(kBlockM) * step, 0);
-    ws.amx_tiles = true;
+    ws.bf16_tiles = true;
   }
 }
 
@@ -292,7 +293,7 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
 
 // ---- K/V packed once per call ------------------------------------------------------------------
 
-// The K/V tiles of the whole call in the kernels' layout (fp32 rows, or the AMX blocks), made
+// The K/V tiles of the whole call in the kernels' layout (fp32 rows, or the bf16 pair blocks), made
 // once when several query tiles read each key tile (prefill): tile (b, hk, n_block) at block
 // first_tile[b] + hk * tiles[b] + n_block of tile_elems elements. Empty when every key tile is
 // read once (decode): each work item then converts its own tiles.
@@ -524,26 +525,26 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
 
 using Bf16 = Storage<DType::bf16>;
 
-bool use_amx(const AttnParams& p) {
+bool use_bf16_kernels(const AttnParams& p) {
   const bool bf16_storage = p.q_storage == DType::bf16 && p.kv_storage == DType::bf16;
-  return p.dtype == DType::bf16 && bf16_storage && p.head_dim % kAmxPair == 0 && amx_kernels() != nullptr;
+  return p.dtype == DType::bf16 && bf16_storage && p.head_dim % kBf16Pair == 0 && bf16_kernels() != nullptr;
 }
 
-// The tile's query rows as stored (bf16), zero rows up to a whole tile register.
-void load_q_bf16(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows,
+// The tile's query rows as stored (bf16), zero rows up to rows_pad (the set's row_pad).
+void load_q_bf16(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, int rows, int rows_pad,
                  const TileShape& t, Scratch& ws) {
   const uint16_t* q = static_cast<const uint16_t*>(p.q);
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
     std::copy_n(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q16[size_t(r) * t.d]);
   }
-  std::fill(ws.q16.begin() + size_t(rows) * t.d, ws.q16.begin() + size_t(round_up(rows, kAmxRows)) * t.d, 0);
+  std::fill(ws.q16.begin() + size_t(rows) * t.d, ws.q16.begin() + size_t(rows_pad) * t.d, 0);
 }
 
-// Key tile n_block of KV head hk packed for the tile unit (k_vnni / v_vnni blocks of t.n keys,
+// Key tile n_block of KV head hk packed into the pair layouts (k_vnni / v_vnni blocks of t.n keys,
 // zero keys past the sequence's last) straight from where the keys are stored (pages read in
 // place). rows and zero_row are the caller's scratch (t.n pointers, d zeros).
-void pack_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo& seq, int b, int hk,
+void pack_kv_tile_bf16(const Bf16Kernels& bf16, const AttnParams& p, const SeqInfo& seq, int b, int hk,
                        int n_block, const TileShape& t, std::vector<const uint16_t*>& k_rows,
                        std::vector<const uint16_t*>& v_rows, const uint16_t* zero_row, uint16_t* k_vnni,
                        uint16_t* v_vnni) {
@@ -559,11 +560,11 @@ void pack_kv_tile_bf16(const AmxKernels& amx, const AttnParams& p, const SeqInfo
       k_rows[j] = v_rows[j] = zero_row;
     }
   }
-  amx.pack_k(k_rows.data(), t.n, t.d, k_vnni);
-  amx.pack_v(v_rows.data(), t.n, t.d, v_vnni);
+  bf16.pack_k(k_rows.data(), t.n, t.d, k_vnni);
+  bf16.pack_v(v_rows.data(), t.n, t.d, v_vnni);
 }
 
-PackedKV<uint16_t> pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, const TileShape& t) {
+PackedKV<uint16_t> pack_all_kv_bf16(const Bf16Kernels& bf16, const AttnParams& p, const TileShape& t) {
   // As many row-pointer scratches as pack_all_kv can use workers, whatever its tile count.
   const int workers = resolve_threads(p.num_threads, std::numeric_limits<int64_t>::max());
   std::vector<std::vector<const uint16_t*>> k_rows(workers, std::vector<const uint16_t*>(t.n));
@@ -571,37 +572,37 @@ PackedKV<uint16_t> pack_all_kv_bf16(const AmxKernels& amx, const AttnParams& p, 
   const std::vector<uint16_t> zero_row(t.d, 0);
   return pack_all_kv<uint16_t>(p, t, size_t(t.n) * t.d,
                                [&](int b, int hk, int n_block, uint16_t* k_dst, uint16_t* v_dst, int worker) {
-    pack_kv_tile_bf16(amx, p, seq_info(p, b), b, hk, n_block, t, k_rows[worker], v_rows[worker],
+    pack_kv_tile_bf16(bf16, p, seq_info(p, b), b, hk, n_block, t, k_rows[worker], v_rows[worker],
                       zero_row.data(), k_dst, v_dst);
   });
 }
 
-// run_work_item's walk with both products on AMX tiles and row-major scores. It walks the same
-// key tiles, inside the same split boundaries, but takes up to kAmxTilesPerStep of them per
-// online-softmax step, so that the accumulator tiles of P.V are loaded and stored once per
-// kAmxTilesPerStep tiles (D-53).
-void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKernels& amx,
+// run_work_item's walk with both products on bf16 operands (AMX or AVX512-BF16) and row-major
+// scores. It walks the same key tiles, inside the same split boundaries, but takes up to
+// kBf16TilesPerStep of them per online-softmax step, so that the accumulators of P.V are loaded
+// and stored once per kBf16TilesPerStep tiles (D-53).
+void run_work_item_bf16(const AttnParams& p, const TileKernels& kern, const Bf16Kernels& bf16,
                        const PackedKV<uint16_t>& packed, const ScoreUnits& units, const WorkItem& w,
                        const TileShape& t, Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
-  const int rows_pad = round_up(rows, kAmxRows);
+  const int rows_pad = round_up(rows, bf16.row_pad);
   const int hk = kv_head_of(p, w);
   const KeyRange tiles = tile_range(p, seq, w, ws, rows, t.n);
-  load_q_bf16(p, seq, w, rows, t, ws);
+  load_q_bf16(p, seq, w, rows, rows_pad, t, ws);
   init_state(rows, t, ws);
-  amx.begin();
-  for (int n_block = tiles.lo; n_block < tiles.hi; n_block += kAmxTilesPerStep) {
-    const int step_tiles = std::min(kAmxTilesPerStep, tiles.hi - n_block);
+  bf16.begin();
+  for (int n_block = tiles.lo; n_block < tiles.hi; n_block += kBf16TilesPerStep) {
+    const int step_tiles = std::min(kBf16TilesPerStep, tiles.hi - n_block);
     const int n0 = n_block * t.n;
     const int keys = std::min(step_tiles * t.n, seq.seqlen_k - n0);
-    const int width = round_up(keys, kAmxPair);
+    const int width = round_up(keys, kBf16Pair);
     const uint16_t* k_vnni = ws.k_vnni.data();
     const uint16_t* v_vnni = ws.v_vnni.data();
     if (packed.empty()) {
       for (int i = 0; i < step_tiles; ++i) {
         const size_t at = size_t(i) * t.n * t.d;
-        pack_kv_tile_bf16(amx, p, seq, w.b, hk, n_block + i, t, ws.k_rows, ws.v_rows, ws.zero_row.data(),
+        pack_kv_tile_bf16(bf16, p, seq, w.b, hk, n_block + i, t, ws.k_rows, ws.v_rows, ws.zero_row.data(),
                           &ws.k_vnni[at], &ws.v_vnni[at]);
         prefetch_next_tile<uint16_t>(p, seq, w.b, hk, n_block + i, tiles, t);
       }
@@ -609,16 +610,16 @@ void run_work_item_amx(const AttnParams& p, const TileKernels& kern, const AmxKe
       k_vnni = &packed.k[packed.offset(w.b, hk, n_block)];
       v_vnni = &packed.v[packed.offset(w.b, hk, n_block)];
     }
-    amx.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
+    bf16.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
     mask(rows, n0, keys, ws, row_major_scores(ws, width));
-    amx.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
+    bf16.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
     online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
-      amx.row_exp2_sum(ws.s.data(), width, rows, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
+      bf16.row_exp2_sum(ws.s.data(), width, rows, rows_pad, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
     });
-    amx.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
+    bf16.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
   }
-  amx.end();
+  bf16.end();
   store<Bf16>(p, kern, seq, w, units, rows, t, ws);
 }
 
@@ -691,14 +692,14 @@ void run(const AttnParams& p) {
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
   CallScratch scratch(workers);
-  const AmxKernels* amx = use_amx(p) ? amx_kernels() : nullptr;
-  const PackedKV<uint16_t> packed_bf16 = amx != nullptr ? pack_all_kv_bf16(*amx, p, shape) : PackedKV<uint16_t>{};
-  const PackedKV<float> packed = amx == nullptr ? pack_all_kv_fp32<KS>(p, shape) : PackedKV<float>{};
+  const Bf16Kernels* bf16 = use_bf16_kernels(p) ? bf16_kernels() : nullptr;
+  const PackedKV<uint16_t> packed_bf16 = bf16 != nullptr ? pack_all_kv_bf16(*bf16, p, shape) : PackedKV<uint16_t>{};
+  const PackedKV<float> packed = bf16 == nullptr ? pack_all_kv_fp32<KS>(p, shape) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch.of(worker);
-    allocate(ws, shape, amx != nullptr);
-    if (amx != nullptr) {
-      run_work_item_amx(p, kern, *amx, packed_bf16, units, items[item], shape, ws);
+    allocate(ws, shape, bf16 != nullptr);
+    if (bf16 != nullptr) {
+      run_work_item_bf16(p, kern, *bf16, packed_bf16, units, items[item], shape, ws);
     } else {
       run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, ws);
     }

@@ -1,7 +1,8 @@
 // The CPU backend's tile micro-kernels: the two products and the row passes of the online
 // softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set, one
 // AVX2 set (kernels_avx2.cpp) and one AVX-512 set (kernels_avx512.cpp), chosen once at run time
-// by what the CPU has (docs/DECISIONS.md D-50, D-51, D-63).
+// by what the CPU has (docs/DECISIONS.md D-50, D-51, D-63); for bf16, the bf16 tile kernels at
+// the end of this file (AMX or AVX512-BF16) take the two products where the CPU has either.
 //
 // Layouts (fp32, row-major, leading dimensions in elements):
 //   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to the set's
@@ -55,9 +56,10 @@ struct TileKernels {
   void (*transpose)(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst);
 };
 
-// The kernel sets from the most portable to the fastest. FLASHATTN_KERNEL=automatic,cpu=portable|avx2|avx512|amx
-// in the environment caps the level used (read once; the tests use it to check each set).
-enum class KernelLevel { portable, avx2, avx512, amx };
+// The kernel sets from the most portable to the fastest.
+// FLASHATTN_KERNEL=automatic,cpu=portable|avx2|avx512|avx512bf16|amx in the environment caps the
+// level used (read once; the tests use it to check each set).
+enum class KernelLevel { portable, avx2, avx512, avx512bf16, amx };
 bool kernel_level_allowed(KernelLevel level);
 
 // The portable set: plain loops, vectorised by the compiler for the build's target.
@@ -74,28 +76,36 @@ const TileKernels* avx512_kernels();
 // The set this process uses: the fastest the CPU runs within kernel_level_allowed.
 const TileKernels& tile_kernels();
 
-// ---- bf16 on AMX tiles -------------------------------------------------------------------------
+// ---- bf16 tile kernels: AMX or AVX512-BF16 -------------------------------------------------------
 //
-// Where the CPU has AMX-BF16 (and the OS grants the tile state), bf16 inputs take both products
-// on the tile unit, with bf16 operands and fp32 accumulators, as the GPU's tensor cores do
-// (P is rounded to bf16 before P.V, as on the GPU). Scores are row-major here: the tile unit
-// needs K transposed in pairs (k_vnni) and V in key pairs (v_vnni), which the pack steps make
-// per tile, and Q and P go in as stored (D-53). Layouts (bf16 as uint16_t):
-//   q       (rows_pad, d)        query rows; rows_pad a multiple of kAmxRows, zero past the last
+// bf16 inputs take both products with bf16 operands and fp32 accumulators, as the GPU's tensor
+// cores do, on the AMX tile unit where the CPU has it, else with AVX512-BF16's VDPBF16PS (a
+// zmm of 16 fp32 lanes, each adding the products of a pair of bf16). P is rounded to bf16 before
+// P.V in both sets, as on the GPU, while the row sums use fp32 P. Both products reduce over
+// pairs of bf16 (the head dim for scores, the keys for P.V), so both sets take the same
+// layouts: scores are row-major, K is transposed in pairs (k_vnni) and V interleaved in key
+// pairs (v_vnni) by the pack steps, per tile, and Q and P go in as stored (D-53, D-70).
+// Layouts (bf16 as uint16_t):
+//   q       (rows_pad, d)        query rows; rows_pad a multiple of the set's row_pad, zero past
+//                                the last
 //   k, v    n rows of d          the key and value tiles, one pointer per key (rows read in
-//                                place: contiguous or paged); n a multiple of kAmxPair
+//                                place: contiguous or paged); n a multiple of kBf16Pair
 //   k_vnni  (d / 2, n, 2)        k_vnni[c/2][j][c%2] = k[j][c], one block per key tile of
 //                                tile_keys keys (the scores of a step span several blocks)
 //   v_vnni  (n / 2, d, 2)        v_vnni[j/2][c][j%2] = v[j][c]; consecutive key tiles' blocks
 //                                form one block of their keys
 //   s       (rows_pad, n) fp32   scores
-//   p       (rows_pad, n)        probabilities, 0 past the tile's keys
-// d is a multiple of kAmxPair.
-constexpr int kAmxRows = 16;  // rows of a tile register
-constexpr int kAmxPair = 32;  // bf16 per tile register row (64 bytes)
+//   p       (rows_pad, n)        probabilities, 0 past the tile's keys and in the padding rows
+// d is a multiple of kBf16Pair.
+constexpr int kBf16Pair = 32;  // bf16 per 64-byte row: of a tile register, of a zmm
+constexpr int kAmxRows = 16;   // rows of a tile register
 
-struct AmxKernels {
-  // Loads the tile configuration of the calling thread / releases its tile state.
+struct Bf16Kernels {
+  const char* name;
+  // rows_pad below is a multiple of it (AMX: a tile register's rows).
+  int row_pad;
+  // Loads the tile configuration of the calling thread / releases its tile state (AMX; no-ops
+  // for AVX512-BF16).
   void (*begin)();
   void (*end)();
   void (*pack_k)(const uint16_t* const* k_rows, int n, int d, uint16_t* k_vnni);
@@ -105,9 +115,9 @@ struct AmxKernels {
                  float* s);
   // tile_max[r] = max_{j < keys} s[r][j], NaN ignored.
   void (*row_max)(const float* s, int n, int rows, int keys, float* tile_max);
-  // p[r][j] = bf16(exp2(s[r][j] * scale_log2 - offset[r])) for j < keys (0 past keys);
-  // tile_sum[r] = the sum of the fp32 values.
-  void (*row_exp2_sum)(const float* s, int n, int rows, int keys, float scale_log2,
+  // p[r][j] = bf16(exp2(s[r][j] * scale_log2 - offset[r])) for r < rows, j < keys (0 past keys
+  // and in rows [rows, rows_pad)); tile_sum[r] = the sum of the fp32 values.
+  void (*row_exp2_sum)(const float* s, int n, int rows, int rows_pad, int keys, float scale_log2,
                        const float* offset, float* tile_sum, uint16_t* p);
   // o (rows_pad, ld_o) fp32 += p . v
   void (*pv)(const uint16_t* p, int rows_pad, int n, const uint16_t* v_vnni, int d, float* o, int ld_o);
@@ -115,7 +125,15 @@ struct AmxKernels {
 
 // The AMX set, or nullptr where the build, the CPU or the OS lacks it or its level is not
 // allowed.
-const AmxKernels* amx_kernels();
+const Bf16Kernels* amx_kernels();
+
+// The AVX512-BF16 set, or nullptr where the build or the CPU lacks it (AVX-512 F/DQ/VL/BW and
+// AVX512-BF16) or its level is not allowed.
+const Bf16Kernels* avx512bf16_kernels();
+
+// The bf16 set this process uses: AMX, else AVX512-BF16, else nullptr (bf16 then takes the fp32
+// tiles of tile_kernels()).
+const Bf16Kernels* bf16_kernels();
 
 }  // namespace cpu
 }  // namespace flashattn

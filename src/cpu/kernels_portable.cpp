@@ -77,12 +77,13 @@ void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int
   }
 }
 
-// FLASHATTN_KERNEL=...,cpu=portable|avx2|avx512|amx (tests) caps the kernel set.
+// FLASHATTN_KERNEL=...,cpu=portable|avx2|avx512|avx512bf16|amx (tests) caps the kernel set.
 KernelLevel highest_allowed_level() {
   switch (kernel_override_from_env().cpu_kernels) {
     case CpuKernels::portable: return KernelLevel::portable;
     case CpuKernels::avx2: return KernelLevel::avx2;
     case CpuKernels::avx512: return KernelLevel::avx512;
+    case CpuKernels::avx512bf16: return KernelLevel::avx512bf16;
     default: return KernelLevel::amx;
   }
 }
@@ -107,6 +108,11 @@ const TileKernels& tile_kernels() {
     if (avx2 != nullptr && kernel_level_allowed(KernelLevel::avx2)) return *avx2;
     return portable_kernels();
   }();
+  return chosen;
+}
+
+const Bf16Kernels* bf16_kernels() {
+  static const Bf16Kernels* const chosen = amx_kernels() != nullptr ? amx_kernels() : avx512bf16_kernels();
   return chosen;
 }
 

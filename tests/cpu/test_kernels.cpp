@@ -4,8 +4,12 @@
 // products, the row passes and the rescale on random tiles of every shape class (tails of the
 // register blocks, one key, one row, rows_pad of one row vector), within fp32 rounding of a
 // float64 sum; and exp2 of the AVX2 set bit for bit the AVX-512 set's (one rule, exp2_poly.h).
+// The bf16 tile kernel sets (AMX, AVX512-BF16; no portable twin) against their definitions: the
+// pack layouts bit for bit, the row max exactly, both products within fp32 summation error of the
+// float64 sum of the bf16 products, P within bf16 rounding of exp2, the padding zero.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -14,12 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "common/half.h"
 #include "cpu/kernels.h"
 
 namespace {
 
+using flashattn::cpu::Bf16Kernels;
 using flashattn::cpu::TileKernels;
+using flashattn::cpu::kBf16Pair;
 using flashattn::cpu::kRowLanes;
+using flashattn::bf16_bits_to_float;
+using flashattn::float_to_bf16_bits;
 
 float from_bits(uint32_t bits) {
   float f;
@@ -295,5 +304,223 @@ TEST(CpuKernels, Avx2Exp2IsAvx512Exp2) {
   avx512->exp2_sum(b.data(), rows_pad, rows_pad, keys, 1.0f, offset.data(), sum_b.data());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(to_bits(a[i]), to_bits(b[i])) << "x=" << x[i];
 }
+
+// ---- bf16 tile kernels ---------------------------------------------------------------------------
+
+struct Bf16KernelSet {
+  const char* name;
+  const Bf16Kernels* (*get)();
+};
+
+void PrintTo(const Bf16KernelSet& set, std::ostream* os) { *os << set.name; }
+
+class CpuBf16KernelSet : public ::testing::TestWithParam<Bf16KernelSet> {
+ protected:
+  void SetUp() override {
+    set_ = GetParam().get();
+    if (set_ == nullptr) GTEST_SKIP() << "no " << GetParam().name << " on this CPU (or not compiled in)";
+    ASSERT_STREQ(set_->name, GetParam().name);
+  }
+  // Tile heights of every block class: one row_pad, a few, and a whole 128-row tile.
+  std::vector<int> rows_pads() const {
+    const int pad = set_->row_pad;
+    return {pad, 2 * pad, 3 * pad, 5 * pad, (128 / pad) * pad};
+  }
+  const Bf16Kernels* set_ = nullptr;
+};
+
+std::vector<uint16_t> random_bf16(size_t n, unsigned seed, float stddev = 1.0f) {
+  const std::vector<float> x = random_floats(n, seed, stddev);
+  std::vector<uint16_t> bits(n);
+  for (size_t i = 0; i < n; ++i) bits[i] = float_to_bf16_bits(x[i]);
+  return bits;
+}
+
+// n row pointers into rows of `stride` bf16 (the rows of a cache, one head of each).
+std::vector<const uint16_t*> row_pointers(const std::vector<uint16_t>& rows, int n, int stride) {
+  std::vector<const uint16_t*> pointers(n);
+  for (int j = 0; j < n; ++j) pointers[j] = rows.data() + size_t(j) * stride;
+  return pointers;
+}
+
+TEST_P(CpuBf16KernelSet, PackMatchesLayouts) {
+  for (int d : {32, 64, 128, 256}) {
+    for (int n : {32, 64, 128}) {
+      const int stride = d + 3 * kBf16Pair;
+      const std::vector<uint16_t> k = random_bf16(size_t(n) * stride, 61 + d), v = random_bf16(size_t(n) * stride, 67 + n);
+      std::vector<uint16_t> k_vnni(size_t(n) * d), v_vnni(size_t(n) * d);
+      set_->pack_k(row_pointers(k, n, stride).data(), n, d, k_vnni.data());
+      set_->pack_v(row_pointers(v, n, stride).data(), n, d, v_vnni.data());
+      for (int j = 0; j < n; ++j) {
+        for (int c = 0; c < d; ++c) {
+          ASSERT_EQ(k_vnni[(size_t(c / 2) * n + j) * 2 + c % 2], k[size_t(j) * stride + c]) << "d=" << d << " j=" << j << " c=" << c;
+          ASSERT_EQ(v_vnni[(size_t(j / 2) * d + c) * 2 + j % 2], v[size_t(j) * stride + c]) << "d=" << d << " j=" << j << " c=" << c;
+        }
+      }
+    }
+  }
+}
+
+// s = q . k^T over k_vnni blocks of tile_keys keys, n spanning several blocks.
+TEST_P(CpuBf16KernelSet, ScoresMatchFloat64) {
+  for (int d : {32, 64, 128, 256}) {
+    for (int rows_pad : rows_pads()) {
+      for (int n : {32, 64, 96, 256}) {
+        const int tile_keys = 64, blocks = (n + tile_keys - 1) / tile_keys;
+        const std::vector<uint16_t> q = random_bf16(size_t(rows_pad) * d, 71 + d);
+        const std::vector<uint16_t> k = random_bf16(size_t(blocks) * tile_keys * d, 73 + n);
+        const std::vector<const uint16_t*> k_rows = row_pointers(k, blocks * tile_keys, d);
+        std::vector<uint16_t> k_vnni(k.size());
+        for (int b = 0; b < blocks; ++b) {
+          set_->pack_k(k_rows.data() + b * tile_keys, tile_keys, d, &k_vnni[size_t(b) * tile_keys * d]);
+        }
+        std::vector<float> s(size_t(rows_pad) * n + 64, -7.0f);
+        set_->begin();
+        set_->scores(q.data(), rows_pad, d, k_vnni.data(), tile_keys, n, s.data());
+        set_->end();
+        for (int r = 0; r < rows_pad; ++r) {
+          for (int j = 0; j < n; ++j) {
+            double exact = 0, magnitude = 0;
+            for (int c = 0; c < d; ++c) {
+              const double term = double(bf16_bits_to_float(q[size_t(r) * d + c])) * bf16_bits_to_float(k[size_t(j) * d + c]);
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            ASSERT_NEAR(s[size_t(r) * n + j], exact, 4 * d * 0x1p-24 * magnitude)
+                << "d=" << d << " rows_pad=" << rows_pad << " n=" << n << " r=" << r << " j=" << j;
+          }
+        }
+        for (size_t at = size_t(rows_pad) * n; at < s.size(); ++at) ASSERT_EQ(s[at], -7.0f) << "wrote past the tile";
+      }
+    }
+  }
+}
+
+// The row max over the first `keys` columns, NaN ignored, exact.
+TEST_P(CpuBf16KernelSet, RowMaxMatchesDefinition) {
+  for (int rows : {1, 5, 16}) {
+    for (int keys : {1, 7, 17, 64, 200}) {
+      const int n = (keys + kBf16Pair - 1) / kBf16Pair * kBf16Pair;
+      std::vector<float> s = random_floats(size_t(rows) * n, 79 + keys, 10.0f);
+      std::mt19937 gen(5);
+      for (float& x : s) {
+        const unsigned pick = gen() % 16;
+        if (pick == 0) x = std::numeric_limits<float>::quiet_NaN();
+        if (pick == 1) x = -INFINITY;
+      }
+      for (int j = keys; j < n; ++j) s[j] = 1e30f;  // past the keys: not read
+      std::vector<float> got(rows);
+      set_->row_max(s.data(), n, rows, keys, got.data());
+      for (int r = 0; r < rows; ++r) {
+        float want = -INFINITY;
+        for (int j = 0; j < keys; ++j) {
+          const float x = s[size_t(r) * n + j];
+          if (x > want) want = x;
+        }
+        ASSERT_EQ(to_bits(got[r]), to_bits(want)) << "rows=" << rows << " keys=" << keys << " r=" << r;
+      }
+    }
+  }
+}
+
+// p = bf16 of exp2(s scale - offset): within bf16 rounding (half an ulp, 2^-8 relative) plus the
+// exp2 polynomial's error (3e-6) of the float64 value, 0 where fp32 or bf16 has no normal
+// number for it (VCVTNEPS2BF16 flushes denormals) and for -inf, 0 past the keys and in the
+// padding rows; the sums of the fp32 values within 3e-6 relative per term.
+TEST_P(CpuBf16KernelSet, RowExp2SumMatchesFloat64) {
+  for (int rows_pad : rows_pads()) {
+    for (int keys : {1, 7, 33, 64, 200}) {
+      const int n = (keys + kBf16Pair - 1) / kBf16Pair * kBf16Pair, rows = std::max(1, rows_pad - 3);
+      std::vector<float> s = random_floats(size_t(rows_pad) * n, 83 + keys, 4.0f);
+      std::mt19937 gen(9);
+      for (float& x : s) {
+        const unsigned pick = gen() % 32;
+        if (pick == 0) x = -INFINITY;
+        if (pick == 1) x = -100.0f - float(gen() % 1000) * 0.11f;  // 2^-100 .. 2^-210
+      }
+      s[0] = std::numeric_limits<float>::quiet_NaN();  // row 0 is a NaN row
+      std::vector<float> offset = random_floats(rows_pad, 29, 1.0f);
+      for (float& o : offset) o = std::fabs(o) + 8.0f;
+      const float scale = 0.9f;
+      std::vector<uint16_t> p(size_t(rows_pad) * n, 0xbeef);
+      std::vector<float> sum(rows_pad, -7.0f);
+      set_->row_exp2_sum(s.data(), n, rows, rows_pad, keys, scale, offset.data(), sum.data(), p.data());
+      for (int r = 0; r < rows_pad; ++r) {
+        double exact_sum = 0, sum_tolerance = 0;
+        for (int j = 0; j < n; ++j) {
+          const size_t at = size_t(r) * n + j;
+          if (r >= rows || j >= keys) {
+            ASSERT_EQ(p[at], 0) << "padding r=" << r << " j=" << j;
+            continue;
+          }
+          const double x = double(s[at]) * scale - offset[r];
+          const float got = bf16_bits_to_float(p[at]);
+          if (std::isnan(s[at])) {
+            ASSERT_TRUE(std::isnan(got));
+            continue;
+          }
+          if (std::isinf(s[at])) {
+            ASSERT_EQ(p[at], 0) << "exp2(-inf) r=" << r << " j=" << j;
+            continue;
+          }
+          const double exact = std::exp2(x);
+          const double argument_error = (std::fabs(double(s[at]) * scale) + std::fabs(x)) * 0x1p-24;
+          const double tolerance = exact * (3e-6 + 0.7 * argument_error);
+          ASSERT_NEAR(got, exact, exact * 0x1p-8 + tolerance + 0x1p-126) << "x=" << x << " r=" << r << " j=" << j;
+          exact_sum += exact;
+          sum_tolerance += tolerance + 0x1p-149;
+        }
+        if (r >= rows) continue;
+        if (r == 0) {
+          ASSERT_TRUE(std::isnan(sum[r]));
+        } else {
+          ASSERT_NEAR(sum[r], exact_sum, sum_tolerance + exact_sum * (keys + 4) * 0x1p-24) << "r=" << r;
+        }
+      }
+    }
+  }
+}
+
+// o += p . v over v_vnni (the pack of n keys), nothing written past d or rows_pad.
+TEST_P(CpuBf16KernelSet, PvMatchesFloat64) {
+  for (int d : {32, 64, 128, 256}) {
+    for (int rows_pad : rows_pads()) {
+      for (int n : {32, 64, 256}) {
+        const int ld_o = d + 16;
+        const std::vector<uint16_t> p = random_bf16(size_t(rows_pad) * n, 89 + n, 0.3f);
+        const std::vector<uint16_t> v = random_bf16(size_t(n) * d, 97 + d);
+        std::vector<uint16_t> v_vnni(v.size());
+        set_->pack_v(row_pointers(v, n, d).data(), n, d, v_vnni.data());
+        const std::vector<float> o = random_floats(size_t(rows_pad + 1) * ld_o, 101 + rows_pad);
+        std::vector<float> got(o);
+        set_->begin();
+        set_->pv(p.data(), rows_pad, n, v_vnni.data(), d, got.data(), ld_o);
+        set_->end();
+        for (int r = 0; r < rows_pad + 1; ++r) {
+          for (int c = 0; c < ld_o; ++c) {
+            const size_t at = size_t(r) * ld_o + c;
+            if (r >= rows_pad || c >= d) {
+              ASSERT_EQ(to_bits(got[at]), to_bits(o[at])) << "wrote outside: r=" << r << " c=" << c;
+              continue;
+            }
+            double exact = o[at], magnitude = std::fabs(o[at]);
+            for (int j = 0; j < n; ++j) {
+              const double term = double(bf16_bits_to_float(p[size_t(r) * n + j])) * bf16_bits_to_float(v[size_t(j) * d + c]);
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            ASSERT_NEAR(got[at], exact, 4 * (n + 1) * 0x1p-24 * magnitude)
+                << "d=" << d << " rows_pad=" << rows_pad << " n=" << n << " r=" << r << " c=" << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16Sets, CpuBf16KernelSet,
+                         ::testing::Values(Bf16KernelSet{"avx512bf16", flashattn::cpu::avx512bf16_kernels},
+                                           Bf16KernelSet{"amx", flashattn::cpu::amx_kernels}),
+                         [](const ::testing::TestParamInfo<Bf16KernelSet>& info) { return std::string(info.param.name); });
 
 }  // namespace

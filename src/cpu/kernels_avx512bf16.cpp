@@ -1,0 +1,140 @@
+// The AVX512-BF16 tile kernels (kernels.h "bf16 tile kernels"): both products with VDPBF16PS,
+// which adds to each of a zmm's 16 fp32 lanes the products of one pair of bf16 from each
+// operand. The layouts are the AMX set's, whose pairs run along each product's reduction: a
+// zmm of k_vnni holds one pair of head-dim columns of 16 keys, a zmm of v_vnni one pair of keys
+// of 16 columns, and the other operand's pair (two bf16 of a q row, or of a p row) is
+// broadcast to every lane as one dword. Register blocks of kRows rows x kVecs vectors, as the
+// fp32 AVX-512 set's P.V blocks. The pack steps and the row-major softmax passes are shared with
+// the AMX set (avx512_bf16_tiles.h). Every function carries the target attribute;
+// avx512bf16_kernels() hands them out only where CPUID lists the features.
+#include "cpu/kernels.h"
+
+#include "cpu/avx512_bf16_tiles.h"
+
+#ifdef FLASHATTN_HAVE_AVX512_KERNELS
+#include <cstdint>
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+using bf16_tiles::kLanes;
+
+// Register blocks: 8 rows x 2 vectors (32 keys of s, or 32 columns of o): 16 zmm accumulators
+// fed per pair by 2 vector loads and 8 dword broadcasts (12-row blocks measured 0.95-1.0x); a
+// 4-row block for the last rows (decode: the 4 query heads of a KV head), so that tiles pad their
+// rows to kRowPad only (padded to 16, decode measured 0.72-0.74x). Against the fp32 AVX-512 set
+// on bf16 inputs, 1 thread on a Zen 4 core: prefill 1.78-2.09x (153-180 GFLOP/s), decode
+// 2.1-3.0x (D-70).
+constexpr int kRows = 8, kTailRows = 4, kVecs = 2;
+constexpr int kRowPad = kTailRows;
+static_assert(kVecs * kLanes == kBf16Pair, "a block spans one 32-key run of k_vnni (n is a multiple of it)");
+
+// acc += a . b over one pair: each fp32 lane adds the products of its pair of bf16.
+FA_AVX512_BF16 inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+// The dword (pair of bf16) at `at`, in every lane.
+FA_AVX512_BF16 inline __m512i broadcast_pair(const uint16_t* at) {
+  return _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(at));
+}
+
+// ---- scores: s (rows x n) = q (rows x d) . k^T ---------------------------------------------------
+
+// s[r][16v + l] for r < kRowsOf, l < 16, v < kVecs: q rows in place, kb the first pair of the
+// block's first key in k_vnni (pairs pair_stride elements apart).
+template <int kRowsOf>
+FA_AVX512_BF16 inline void scores_block(const uint16_t* q, int d, const uint16_t* kb, int pair_stride, float* s,
+                                        int n) {
+  __m512 acc[kRowsOf][kVecs];
+  for (int r = 0; r < kRowsOf; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 2) {
+    __m512i k[kVecs];
+    for (int v = 0; v < kVecs; ++v) k[v] = _mm512_loadu_si512(kb + size_t(c / 2) * pair_stride + v * kBf16Pair);
+    for (int r = 0; r < kRowsOf; ++r) {
+      const __m512i q_pair = broadcast_pair(q + size_t(r) * d + c);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = dot_pairs(acc[r][v], q_pair, k[v]);
+    }
+  }
+  for (int r = 0; r < kRowsOf; ++r)
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(s + size_t(r) * n + v * kLanes, acc[r][v]);
+}
+
+// kRowsOf rows over all n keys, one 32-key run of a key tile's block at a time.
+template <int kRowsOf>
+FA_AVX512_BF16 void scores_rows(const uint16_t* q, int d, const uint16_t* k_vnni, int tile_keys, int n, float* s) {
+  for (int j0 = 0; j0 < n; j0 += kBf16Pair) {
+    const uint16_t* kb = k_vnni + size_t(j0 / tile_keys) * tile_keys * d + (j0 % tile_keys) * 2;
+    scores_block<kRowsOf>(q, d, kb, tile_keys * 2, s + j0, n);
+  }
+}
+
+FA_AVX512_BF16 void scores(const uint16_t* q, int rows_pad, int d, const uint16_t* k_vnni, int tile_keys, int n,
+                           float* s) {
+  int r = 0;
+  for (; r + kRows <= rows_pad; r += kRows) scores_rows<kRows>(q + size_t(r) * d, d, k_vnni, tile_keys, n, s + size_t(r) * n);
+  for (; r < rows_pad; r += kTailRows) {
+    scores_rows<kTailRows>(q + size_t(r) * d, d, k_vnni, tile_keys, n, s + size_t(r) * n);
+  }
+}
+
+// ---- o (rows x d) += p (rows x n) . v ------------------------------------------------------------
+
+// o[r][c0 + 16v + l] for r < kRowsOf: loaded, updated over the n keys, stored; p rows in place,
+// vb the first key pair of column c0 in v_vnni.
+template <int kRowsOf>
+FA_AVX512_BF16 inline void pv_block(const uint16_t* p, int n, const uint16_t* vb, int d, float* o, int ld_o) {
+  __m512 acc[kRowsOf][kVecs];
+  for (int r = 0; r < kRowsOf; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_loadu_ps(o + size_t(r) * ld_o + v * kLanes);
+  for (int j = 0; j < n; j += 2) {
+    __m512i vv[kVecs];
+    for (int v = 0; v < kVecs; ++v) vv[v] = _mm512_loadu_si512(vb + size_t(j) * d + v * kBf16Pair);
+    for (int r = 0; r < kRowsOf; ++r) {
+      const __m512i p_pair = broadcast_pair(p + size_t(r) * n + j);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = dot_pairs(acc[r][v], p_pair, vv[v]);
+    }
+  }
+  for (int r = 0; r < kRowsOf; ++r)
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(o + size_t(r) * ld_o + v * kLanes, acc[r][v]);
+}
+
+template <int kRowsOf>
+FA_AVX512_BF16 void pv_rows(const uint16_t* p, int n, const uint16_t* v_vnni, int d, float* o, int ld_o) {
+  for (int c0 = 0; c0 < d; c0 += kVecs * kLanes) pv_block<kRowsOf>(p, n, v_vnni + size_t(c0) * 2, d, o + c0, ld_o);
+}
+
+FA_AVX512_BF16 void pv(const uint16_t* p, int rows_pad, int n, const uint16_t* v_vnni, int d, float* o, int ld_o) {
+  int r = 0;
+  for (; r + kRows <= rows_pad; r += kRows) pv_rows<kRows>(p + size_t(r) * n, n, v_vnni, d, o + size_t(r) * ld_o, ld_o);
+  for (; r < rows_pad; r += kTailRows) {
+    pv_rows<kTailRows>(p + size_t(r) * n, n, v_vnni, d, o + size_t(r) * ld_o, ld_o);
+  }
+}
+
+void no_tile_state() {}
+
+}  // namespace
+
+const Bf16Kernels* avx512bf16_kernels() {
+  static const Bf16Kernels kernels{"avx512bf16", kRowPad, no_tile_state, no_tile_state, bf16_tiles::pack_k,
+                                   bf16_tiles::pack_v, scores, bf16_tiles::row_max, bf16_tiles::row_exp2_sum, pv};
+  static const bool usable = kernel_level_allowed(KernelLevel::avx512bf16) && avx512_kernels() != nullptr &&
+                             __builtin_cpu_supports("avx512bf16");
+  return usable ? &kernels : nullptr;
+}
+
+}  // namespace cpu
+}  // namespace flashattn
+
+#else  // no AVX-512 kernels in this build
+
+namespace flashattn {
+namespace cpu {
+const Bf16Kernels* avx512bf16_kernels() { return nullptr; }
+}  // namespace cpu
+}  // namespace flashattn
+
+#endif
