@@ -40,6 +40,22 @@ FA_AVX512_BF16 inline __m512i broadcast_pair(const uint16_t* at) {
   return _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(at));
 }
 
+// acc[r][v] += sum over pairs t < pairs of a[r][2t, 2t+1] . b_t[16v + l, pair]: kRowsOf rows of a
+// (lda elements apart, pairs along them) against the pair vectors of b (b_stride elements from one
+// pair to the next). Both products are this block: q against k_vnni, p against v_vnni.
+template <int kRowsOf>
+FA_AVX512_BF16 inline void dot_pair_block(__m512 (&acc)[kRowsOf][kVecs], const uint16_t* a, int lda, int pairs,
+                                          const uint16_t* b, size_t b_stride) {
+  for (int t = 0; t < pairs; ++t) {
+    __m512i bv[kVecs];
+    for (int v = 0; v < kVecs; ++v) bv[v] = _mm512_loadu_si512(b + size_t(t) * b_stride + v * kBf16Pair);
+    for (int r = 0; r < kRowsOf; ++r) {
+      const __m512i a_pair = broadcast_pair(a + size_t(r) * lda + 2 * t);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = dot_pairs(acc[r][v], a_pair, bv[v]);
+    }
+  }
+}
+
 // ---- scores: s (rows x n) = q (rows x d) . k^T ---------------------------------------------------
 
 // s[r][16v + l] for r < kRowsOf, l < 16, v < kVecs: q rows in place, kb the first pair of the
@@ -50,14 +66,7 @@ FA_AVX512_BF16 inline void scores_block(const uint16_t* q, int d, const uint16_t
   __m512 acc[kRowsOf][kVecs];
   for (int r = 0; r < kRowsOf; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int c = 0; c < d; c += 2) {
-    __m512i k[kVecs];
-    for (int v = 0; v < kVecs; ++v) k[v] = _mm512_loadu_si512(kb + size_t(c / 2) * pair_stride + v * kBf16Pair);
-    for (int r = 0; r < kRowsOf; ++r) {
-      const __m512i q_pair = broadcast_pair(q + size_t(r) * d + c);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = dot_pairs(acc[r][v], q_pair, k[v]);
-    }
-  }
+  dot_pair_block<kRowsOf>(acc, q, d, d / 2, kb, size_t(pair_stride));
   for (int r = 0; r < kRowsOf; ++r)
     for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(s + size_t(r) * n + v * kLanes, acc[r][v]);
 }
@@ -89,14 +98,7 @@ FA_AVX512_BF16 inline void pv_block(const uint16_t* p, int n, const uint16_t* vb
   __m512 acc[kRowsOf][kVecs];
   for (int r = 0; r < kRowsOf; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_loadu_ps(o + size_t(r) * ld_o + v * kLanes);
-  for (int j = 0; j < n; j += 2) {
-    __m512i vv[kVecs];
-    for (int v = 0; v < kVecs; ++v) vv[v] = _mm512_loadu_si512(vb + size_t(j) * d + v * kBf16Pair);
-    for (int r = 0; r < kRowsOf; ++r) {
-      const __m512i p_pair = broadcast_pair(p + size_t(r) * n + j);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = dot_pairs(acc[r][v], p_pair, vv[v]);
-    }
-  }
+  dot_pair_block<kRowsOf>(acc, p, n, n / 2, vb, 2 * size_t(d));  // a pair of keys: two v_vnni rows of d
   for (int r = 0; r < kRowsOf; ++r)
     for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(o + size_t(r) * ld_o + v * kLanes, acc[r][v]);
 }
