@@ -26,6 +26,10 @@
 #             venv over the system's torch and numpy, then test_gpu.py, test_import_order.py and
 #             test_torch.py run by that venv's python from a copy of tests/python outside the source
 #             tree, without PYTHONPATH, .carry/prefix or nvcc. Needs no other stage. Log: wheel.log
+#   gridab    the warpspec kernel's grid, one CTA per query tile against persistent CTAs (D-71):
+#             `flashattn bench` over the FA2 grid at AB_DIMS (default 128,256), alternating twice
+#   spills    Nsight Compute's local-memory (spill) instructions and sectors of the kernels ptxas
+#             reports spilling, against all their instructions (bench/probes/spill_cost.py, D-49)
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
 #             timed as the benchmark times them (bench/probes/l2_state.py --read-floor; not default)
 #   probe     bench/probes/stream_probe.cu: the decode K/V copies alone, the bandwidth floor (not default)
@@ -245,6 +249,21 @@ stage_fp8sanitize() {
     tail -n 3 "$log"
   done
   return $rc
+}
+
+stage_gridab() {
+  local round grid
+  for round in 1 2; do
+    for grid in tiles persistent; do
+      echo "== grid=$grid, round $round"
+      FLASHATTN_KERNEL="automatic,grid=$grid" "$CLI" bench --head-dims "${AB_DIMS:-128,256}" --repeat 20 2>/dev/null
+    done
+  done | tee "$OUT/gridab.log"
+}
+
+stage_spills() {
+  python3 bench/probes/spill_cost.py --cli "$CLI" --out "$OUT" 2>&1 | tee "$OUT/spills.log"
+  return "${PIPESTATUS[0]}"
 }
 
 stage_floor() {

@@ -124,6 +124,9 @@ struct KernelOverride {
   Kernel kernel = Kernel::automatic;
   WgmmaTile wgmma_tile = WgmmaTile::automatic;  // where that tile is compiled for the head dim
   TileOrder tile_order = TileOrder::automatic;  // order of the prefill query tiles
+  // The warpspec kernel's grid: 0 one CTA per SM, each taking query tiles in turn (persistent);
+  // n > 0 at most n such CTAs (tests); -1 one CTA per query tile.
+  int prefill_ctas = 0;
   bool cluster_combine = true;       // false: split decode merges in the combine kernel
   bool programmatic_launch = true;   // false: no programmatic dependent launches (sm_90)
   // Tests only, read from FLASHATTN_KERNEL alone: CPU calls run on the zero-padded copies that
@@ -136,7 +139,7 @@ struct KernelOverride {
   bool checked = false;
 };
 
-// FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first]
+// FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first][,grid=persistent|tiles|<n>]
 // [,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|avx512bf16|amx][,checked=on], read once per
 // process; unset or empty: the default override.
 // Throws Error(invalid_argument) naming the variable for a value it cannot parse.

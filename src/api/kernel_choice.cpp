@@ -173,6 +173,9 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
   const bool warpspec_wanted =
       o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim));  // D-62
   if (warpspec_wanted && serves_warpspec(p, d, w, c) && !p.fp8) c.kernel = Kernel::warpspec;
+  if (c.kernel == Kernel::warpspec) {
+    c.persistent_ctas = o.prefill_ctas < 0 ? 0 : o.prefill_ctas > 0 ? o.prefill_ctas : warpspec_persistent_ctas(d.sms);  // D-71
+  }
   constexpr int64_t kMaxGridYZ = 65535;  // heavy first puts the query tiles in grid z
   bool heavy = false;
   switch (o.tile_order) {

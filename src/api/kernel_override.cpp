@@ -27,10 +27,17 @@ constexpr Named kKernels[] = {
 [[noreturn]] void bad_value(const std::string& value, const std::string& why) {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
-                                                 "[,order=per_unit|heavy_first][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|avx512bf16|amx]"
+                                                 "[,order=per_unit|heavy_first][,grid=persistent|tiles|<n>][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|avx512bf16|amx]"
                                                  "[,checked=on|off],"
                                                  " kernel one of automatic, mma, wgmma, warpspec, splitkeys, deep, dims,"
                                                  " persistent, heads)");
+}
+
+// A count of 1 to 2^31 - 1 written in decimal digits.
+bool is_positive_count(const std::string& s) {
+  if (s.empty() || s.size() > 10 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  const long long n = std::stoll(s);
+  return n >= 1 && n <= 2147483647LL;
 }
 
 // One "key=value" (or the leading kernel name) into o.
@@ -57,6 +64,12 @@ void apply_field(const std::string& field, bool first, const std::string& whole,
     o.tile_order = TileOrder::per_unit;
   } else if (key == "order" && value == "heavy_first") {
     o.tile_order = TileOrder::heavy_first;
+  } else if (key == "grid" && value == "tiles") {
+    o.prefill_ctas = -1;
+  } else if (key == "grid" && value == "persistent") {
+    o.prefill_ctas = 0;
+  } else if (key == "grid" && is_positive_count(value)) {
+    o.prefill_ctas = std::stoi(value);
   } else if (key == "combine" && value == "kernel") {
     o.cluster_combine = false;
   } else if (key == "pdl" && value == "off") {

@@ -130,6 +130,10 @@ inline bool keys_suit_96_key_tile(int seqlen_k) {
 // d = 64 the wgmma kernel's 96-key tile stays (warpspec 0.91-1.02x it) (D-62).
 inline bool warpspec_pays(int served_head_dim) { return served_head_dim >= 128; }
 
+// The warpspec kernel on a persistent grid, one CTA per SM (its shared memory holds one): a
+// CTA's next query tile loads while it finishes the current one (D-71).
+inline int64_t warpspec_persistent_ctas(int sms) { return sms; }
+
 // Query tiles start heaviest first across all units where a tile's walk grows with its rows
 // (causal, or a right window alone): +3-10% at d = 128/256 causal; without a mask the unit-by-unit
 // order keeps a unit's K/V shared in L2 (heavy first lost 5-11% there) (D-6).

@@ -393,10 +393,15 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kTileBytesQ = kQElems * int(sizeof(Element));
   static constexpr int kTileBytesKV = kKVElems * int(sizeof(Element));
-  // Q, kStages x (K, V), the O row offsets, and 1 KB for the barriers (warpspec_kernel.h
-  // WarpSpecSmem, whose size is checked against this).
-  static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + kBlockM * 8 + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "fits the SM90 per-block shared memory limit");
+  // Shared memory past Q's buffers: kStages x (K, V), the O row offsets of two query tiles, and
+  // 1 KB for the barriers (warpspec_kernel.h WarpSpecSmem, whose size is checked against this).
+  static constexpr int kSmemBesideQ = 2 * kStages * kTileBytesKV + 2 * kBlockM * 8 + 1024;
+  static constexpr int kSmemLimit = 227 * 1024;  // per block on sm_90
+  // Two Q buffers where they fit (d <= 192), so that the next query tile's Q loads while O is
+  // staged through the current one (D-71).
+  static constexpr int kQBuffers = 2 * kTileBytesQ + kSmemBesideQ <= kSmemLimit ? 2 : 1;
+  static constexpr int kSmemBytes = kQBuffers * kTileBytesQ + kSmemBesideQ;
+  static_assert(kSmemBytes <= kSmemLimit, "fits the SM90 per-block shared memory limit");
 };
 
 // The base's kMinBlocksPerSm, 1 where it has none (FwdTraits: fwd_kernel launches with 1).

@@ -5,6 +5,7 @@
 // src/api/kernel_choice.cpp, never here.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -100,6 +101,34 @@ void launch_tile_grid(const AttnParams& p, const KernelChoice& choice, cudaStrea
   if (kp.num_splits > 1 && !kp.cluster_combine) run_combine(kp, choice.programmatic_launch, stream);
 }
 
+// ---- a tile loop: each CTA takes tiles blockIdx.x, + gridDim.x, ... (warpspec) ----------------------
+
+// Launches kernel over a 1-D grid of min(choice.persistent_ctas, tiles) CTAs (one per tile
+// where persistent_ctas is 0), tiles numbered as make_tile_info reads them; one split, no
+// GQA packing (kernel_choice.cpp serves_warpspec).
+template <class Traits, class Kernel, class... More>
+void launch_tile_loop(const AttnParams& p, const KernelChoice& choice, cudaStream_t stream, Kernel kernel,
+                      const char* name, const More&... more) {
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t tiles = m_blocks * p.batch * units_per_sequence(p);
+  if (tiles == 0) return;  // nothing to compute
+  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
+  const int64_t ctas = choice.persistent_ctas > 0 ? std::min(choice.persistent_ctas, tiles) : tiles;
+  if (ctas > kMaxGridX) {
+    throw Error(Error::Kind::unsupported, std::string(name) + ": " + std::to_string(tiles) +
+                                              " query tiles exceed a grid of " + std::to_string(kMaxGridX));
+  }
+  AttnParams kp = p;
+  kp.heavy_tiles_first = choice.heavy_tiles_first;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if (kSmem > Traits::kDefaultSmemLimit) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "cudaFuncSetAttribute(max dynamic smem)");
+  }
+  kernel<<<static_cast<unsigned>(ctas), Traits::kNThreads, kSmem, stream>>>(kp, more...);
+  check_launch(name);
+}
+
 // ---- one launcher per kernel family ------------------------------------------------------------
 
 // mma.sync prefill (fwd_kernel.h): 64- or 128-row tiles, as rules.h query_tile_rows says.
@@ -146,7 +175,7 @@ void launch_warpspec(const AttnParams& p, const KernelChoice& choice, cudaStream
 #if defined(FLASHATTN_HAS_SM90A)
   if constexpr (kHeadDim % 64 == 0) {
     using T = WarpSpecTraits<Element, kHeadDim>;
-    return launch_tile_grid<T>(p, choice, stream, &fwd::warpspec_kernel<T>, "flashattn warpspec_kernel",
+    return launch_tile_loop<T>(p, choice, stream, &fwd::warpspec_kernel<T>, "flashattn warpspec_kernel",
                                fwd::make_tma_qkv<T>(p));
   }
 #endif

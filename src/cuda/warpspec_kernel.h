@@ -1,10 +1,14 @@
 // The warp-specialised Hopper (sm_90a) prefill kernel, in the FlashAttention-3 design.
 //
-// A CTA owns 128 query rows of one (batch, head) and walks its visible key tiles from the last
-// down, as wgmma_kernel.h does, with the work split by role (components/warp_roles.h):
-//   producer warpgroup   one thread issues the TMA loads (components/tma_tiles.h): Q once, then
-//                        K and V of each tile into kStages stages, each stage guarded by a
-//                        "full" mbarrier (bytes landed) and an "empty" one (consumers done);
+// A CTA takes query tiles of 128 rows of one (batch, head) in turn (a persistent grid of one CTA
+// per SM, launch_tile_loop; D-71) and walks each tile's visible key tiles from the last down, as
+// wgmma_kernel.h does, with the work split by role (components/warp_roles.h):
+//   producer warpgroup   one thread issues the TMA loads (components/tma_tiles.h): per query
+//                        tile Q, then K and V of each key tile into kStages stages, each stage
+//                        guarded by a "full" mbarrier (bytes landed) and an "empty" one
+//                        (consumers done); the next query tile's first K and V load while the
+//                        consumers finish the current one, and its Q into the other of two
+//                        Q buffers where they fit (d <= 192), else once O is out of the one;
 //   consumer warpgroups  64 rows each: S = Q K^T (wgmma, both operands in shared memory), the
 //                        score rules and the online softmax in registers, O += P V (wgmma, P
 //                        from registers).
@@ -39,18 +43,20 @@ namespace fwd {
 using namespace cute;
 using cute::Tensor;
 
-// The kernel's shared memory: Q (O is staged there at the end), the K and V stages, the O row
-// offsets and the barriers.
+// The kernel's shared memory: Q's buffers (a query tile's O is staged in its Q's buffer), the K
+// and V stages, the O row offsets of two query tiles (one being stored while the next is set) and
+// the barriers.
 template <class Traits>
 struct WarpSpecSmem {
   using Element = typename Traits::Element;
   using Pipeline = cutlass::PipelineTmaAsync<Traits::kStages>;
-  cute::array_aligned<Element, Traits::kQElems, 1024> q;
+  cute::array_aligned<Element, Traits::kQBuffers * Traits::kQElems, 1024> q;
   cute::array_aligned<Element, Traits::kStages * Traits::kKVElems, 1024> k;
   cute::array_aligned<Element, Traits::kStages * Traits::kKVElems, 1024> v;
-  int64_t o_off[Traits::kBlockM];
+  int64_t o_off[2][Traits::kBlockM];
   typename Pipeline::SharedStorage k_stages, v_stages;
-  cutlass::arch::ClusterTransactionBarrier q_full;
+  cutlass::arch::ClusterTransactionBarrier q_full[Traits::kQBuffers];  // Q's bytes landed
+  cutlass::arch::ClusterBarrier q_empty[Traits::kQBuffers];  // every consumer thread is done with the buffer
 };
 
 template <class Traits>
@@ -73,11 +79,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   extern __shared__ __align__(1024) char smem_bytes[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_bytes);
 
-  // ---- geometry (one split; dense K/V)
-  CtaInfo c;
-  if (!make_cta_info<kBlockM>(p, c)) return;
-  const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
-  const int key_tiles = tiles.hi - tiles.lo;
+  // ---- the query tiles of this CTA: tile blockIdx.x, then every gridDim.x-th (one split, dense K/V)
+  const int m_blocks = query_tiles_per_unit<kBlockM>(p);
+  const int64_t tiles_total = int64_t(m_blocks) * p.batch * units_per_sequence(p);
   const int warpgroup = warpgroup_index();
 
   // ---- barriers: the K and V stages (full: the producer's bytes landed; empty: every consumer
@@ -90,33 +94,61 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   stages.num_consumers = kConsumerThreads;
   Pipeline k_pipe(smem.k_stages, stages, Shape<_1, _1, _1>{});
   Pipeline v_pipe(smem.v_stages, stages, Shape<_1, _1, _1>{});
-  if (threadIdx.x == 0) smem.q_full.init(1);
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < Traits::kQBuffers; ++b) {
+      smem.q_full[b].init(1);
+      smem.q_empty[b].init(kConsumerThreads);
+    }
+  }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
   auto k_stage = [&](int s) { return make_tensor(make_smem_ptr(smem.k.data() + s * Traits::kKVElems), typename Traits::SmemLayoutKV{}); };
   auto v_stage = [&](int s) { return make_tensor(make_smem_ptr(smem.v.data() + s * Traits::kKVElems), typename Traits::SmemLayoutKV{}); };
   auto vt_stage = [&](int s) { return make_tensor(make_smem_ptr(smem.v.data() + s * Traits::kKVElems), typename Traits::SmemLayoutVt{}); };
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-
+  // Q's buffer of the i-th query tile, and the parity of the barriers' phase of its use: every
+  // query tile loads its Q once (also one with no visible key, which stores zeros through the
+  // buffer), so the j-th use of a buffer completes its q_full for the j-th time, and the
+  // consumers release it (q_empty) for the j-th time.
+  auto q_buffer = [&](int i) { return i % Traits::kQBuffers; };
+  auto q_parity = [&](int i) { return uint32_t(i / Traits::kQBuffers) & 1u; };
+  auto q_tile = [&](int i) {
+    return make_tensor(make_smem_ptr(smem.q.data() + q_buffer(i) * Traits::kQElems), typename Traits::SmemLayoutQ{});
+  };
   if (warpgroup == kProducerWarpgroup) {
     // ---- producer: one thread issues every load
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    if (threadIdx.x != 0 || key_tiles <= 0) return;
-    Tensor gQ = tma_rows(tma.q, p.seqlen_q, p, p.num_heads, c.head, c.b);
-    Tensor gK = tma_rows(tma.k, p.seqlen_k, p, p.num_heads_k, c.hk, c.b);
-    Tensor gV = tma_rows(tma.v, p.seqlen_k, p, p.num_heads_k, c.hk, c.b);
-    smem.q_full.arrive_and_expect_tx(Traits::kTileBytesQ);
-    tma_load_tile(tma.q, reinterpret_cast<uint64_t&>(smem.q_full), gQ, c.m0 / kBlockM, sQ);
+    if (threadIdx.x != 0) return;
     Stage k_write = cutlass::make_producer_start_state<Pipeline>();
     Stage v_write = k_write;
-    for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
-      k_pipe.producer_acquire(k_write);
-      tma_load_tile(tma.k, *k_pipe.producer_get_barrier(k_write), gK, n, k_stage(k_write.index()));
-      ++k_write;
-      v_pipe.producer_acquire(v_write);
-      tma_load_tile(tma.v, *v_pipe.producer_get_barrier(v_write), gV, n, v_stage(v_write.index()));
-      ++v_write;
+    int q_loads = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles_total; tile += gridDim.x) {
+      CtaInfo c;
+      if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
+      const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
+      Tensor gQ = tma_rows(tma.q, p.seqlen_q, p, p.num_heads, c.head, c.b);
+      Tensor gK = tma_rows(tma.k, p.seqlen_k, p, p.num_heads_k, c.hk, c.b);
+      Tensor gV = tma_rows(tma.v, p.seqlen_k, p, p.num_heads_k, c.hk, c.b);
+      auto load_q = [&]() {  // once the buffer's previous query tile is stored
+        const int b = q_buffer(q_loads);
+        if (q_loads >= Traits::kQBuffers) smem.q_empty[b].wait(q_parity(q_loads - Traits::kQBuffers));
+        smem.q_full[b].arrive_and_expect_tx(Traits::kTileBytesQ);
+        tma_load_tile(tma.q, reinterpret_cast<uint64_t&>(smem.q_full[b]), gQ, c.m0 / kBlockM, q_tile(q_loads));
+        ++q_loads;
+      };
+      // With two Q buffers Q goes first (its buffer was freed a query tile ago); with one, after
+      // the tile's first K, which does not wait for the previous tile's O stores.
+      constexpr bool kQFirst = Traits::kQBuffers > 1;
+      if (kQFirst || tiles.hi <= tiles.lo) load_q();
+      for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+        k_pipe.producer_acquire(k_write);
+        tma_load_tile(tma.k, *k_pipe.producer_get_barrier(k_write), gK, n, k_stage(k_write.index()));
+        ++k_write;
+        if (!kQFirst && n == tiles.hi - 1) load_q();
+        v_pipe.producer_acquire(v_write);
+        tma_load_tile(tma.v, *v_pipe.producer_get_barrier(v_write), gV, n, v_stage(v_write.index()));
+        ++v_write;
+      }
     }
     return;
   }
@@ -124,39 +156,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // ---- consumers: warpgroups 1 and 2, threads 0..255 of the two-warpgroup MMAs
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
   const int tid = threadIdx.x - kWarpgroupThreads;
-  for (int r = tid; r < kBlockM; r += kConsumerThreads) {
-    const int row = c.m0 + r;
-    const PackedRow pr = tile_row_query(p, c, row);
-    smem.o_off[r] = row < c.rows ? o_offset(p, c.seq, c.b, pr.query, pr.head) : kNoRow;
-  }
-
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
   auto thr_s = mma_s.get_thread_slice(tid);
   auto thr_o = mma_o.get_thread_slice(tid);
-  Tensor tSrQ = thr_s.partition_fragment_A(sQ);
   Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-  clear(acc_o);
   Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tScS = thr_s.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), gmma_acc_to_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-
-  const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
-  SoftmaxRowState rows[kRows];
-  start_softmax_rows(rows);
-  float correction[kRows];
-
-  // The score rules and the softmax half of the online step on tile n's scores; P (the A
-  // operand of P V) from them.
-  auto softmax_of_tile = [&](auto& acc_s, int n) {
-    Tensor s = make_tensor(acc_s.data(), gmma_acc_to_rowcol(acc_s.layout()));
-    const int j0 = n * kBlockN;
-    const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
-    apply_score_rules(p, c, sc, s, tScS_rc, j0, need_mask);
-    softmax_update(s, rows, sc.scale_log2, correction);
-  };
   auto s_tile = [&]() { return partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{}); };
   // P in S's accumulator layout, so that converting is element by element; tOrP views it as
   // the A operand of P V.
@@ -166,61 +175,100 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     CUTE_UNROLL
     for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
   };
+  Stage k_read, v_read;  // consumers start at phase 0
+  int q_loads = 0;
 
-  if (key_tiles > 0) {
-    TensorCoreTurns turns(warpgroup - 1, key_tiles);
-    Stage k_read, v_read;  // consumers start at phase 0
-    smem.q_full.wait(0);
+  for (int64_t tile = blockIdx.x; tile < tiles_total; tile += gridDim.x) {
+    CtaInfo c;
+    if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
+    const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
+    const int key_tiles = tiles.hi - tiles.lo;
+    // The O row offsets of this tile, beside those of the previous one that may still be read
+    // by its stores (the epilogue's consumers_sync of this tile ends them).
+    int64_t* o_off = smem.o_off[q_loads & 1];
+    for (int r = tid; r < kBlockM; r += kConsumerThreads) {
+      const int row = c.m0 + r;
+      const PackedRow pr = tile_row_query(p, c, row);
+      o_off[r] = row < c.rows ? o_offset(p, c.seq, c.b, pr.query, pr.head) : kNoRow;
+    }
+    clear(acc_o);
+    const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
+    SoftmaxRowState rows[kRows];
+    start_softmax_rows(rows);
+    float correction[kRows];
 
-    // first tile: S only
-    int n = tiles.hi - 1;
-    k_pipe.consumer_wait(k_read);
-    Tensor acc_s = s_tile();
-    turns.take();
-    wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(k_stage(k_read.index())), acc_s);
-    turns.pass();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_s);
-    k_pipe.consumer_release(k_read);
-    ++k_read;
-    softmax_of_tile(acc_s, n);
-    set_p(acc_s);
+    // The score rules and the softmax half of the online step on tile n's scores; P (the A
+    // operand of P V) from them.
+    auto softmax_of_tile = [&](auto& acc_s, int n) {
+      Tensor s = make_tensor(acc_s.data(), gmma_acc_to_rowcol(acc_s.layout()));
+      const int j0 = n * kBlockN;
+      const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
+      apply_score_rules(p, c, sc, s, tScS_rc, j0, need_mask);
+      softmax_update(s, rows, sc.scale_log2, correction);
+    };
 
-    // then S of tile n with P V of tile n+1 on the tensor cores, the softmax of tile n under P V
-    for (--n; n >= tiles.lo; --n) {
+    Tensor sQ = q_tile(q_loads);
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+    smem.q_full[q_buffer(q_loads)].wait(q_parity(q_loads));
+    if (key_tiles > 0) {
+      TensorCoreTurns turns(warpgroup - 1, key_tiles);
+
+      // first tile: S only
+      int n = tiles.hi - 1;
       k_pipe.consumer_wait(k_read);
-      Tensor acc_s_next = s_tile();
+      Tensor acc_s = s_tile();
       turns.take();
-      wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(k_stage(k_read.index())), acc_s_next);
-      v_pipe.consumer_wait(v_read);
-      wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(vt_stage(v_read.index())), acc_o);
+      wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(k_stage(k_read.index())), acc_s);
       turns.pass();
-      warpgroup_wait<1>();  // S of tile n
-      warpgroup_fence_operand(acc_s_next);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
       k_pipe.consumer_release(k_read);
       ++k_read;
-      softmax_of_tile(acc_s_next, n);
-      warpgroup_wait<0>();  // P V of tile n+1
+      softmax_of_tile(acc_s, n);
+      set_p(acc_s);
+
+      // then S of tile n with P V of tile n+1 on the tensor cores, the softmax of tile n under P V
+      for (--n; n >= tiles.lo; --n) {
+        k_pipe.consumer_wait(k_read);
+        Tensor acc_s_next = s_tile();
+        turns.take();
+        wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(k_stage(k_read.index())), acc_s_next);
+        v_pipe.consumer_wait(v_read);
+        wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(vt_stage(v_read.index())), acc_o);
+        turns.pass();
+        warpgroup_wait<1>();  // S of tile n
+        warpgroup_fence_operand(acc_s_next);
+        k_pipe.consumer_release(k_read);
+        ++k_read;
+        softmax_of_tile(acc_s_next, n);
+        warpgroup_wait<0>();  // P V of tile n+1
+        warpgroup_fence_operand(acc_o);
+        v_pipe.consumer_release(v_read);
+        ++v_read;
+        rescale_rows(o_rc, correction);
+        set_p(acc_s_next);
+      }
+
+      // last P V
+      v_pipe.consumer_wait(v_read);
+      wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(vt_stage(v_read.index())), acc_o);
+      warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       v_pipe.consumer_release(v_read);
       ++v_read;
-      rescale_rows(o_rc, correction);
-      set_p(acc_s_next);
     }
 
-    // last P V
-    v_pipe.consumer_wait(v_read);
-    wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(vt_stage(v_read.index())), acc_o);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    v_pipe.consumer_release(v_read);
+    // ---- epilogue: O normalised into Q's buffer (each warpgroup over its own 64 rows, which
+    // only its own products read), then 16-byte row stores by both consumer warpgroups; then
+    // Q's buffer goes back to the producer (its generic-proxy accesses ordered before the next
+    // TMA write)
+    stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sQ);
+    consumers_sync();
+    store_o_rows<Traits>(p, sQ, o_off, tid);
+    cutlass::arch::fence_view_async_shared();
+    smem.q_empty[q_buffer(q_loads)].arrive();
+    ++q_loads;
   }
-
-  // ---- epilogue: O normalised into Q's buffer (each warpgroup over its own 64 rows, which only
-  // its own products read), then 16-byte row stores by both consumer warpgroups
-  stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sQ);
-  consumers_sync();
-  store_o_rows<Traits>(p, sQ, smem.o_off, tid);
 #endif
 }
 

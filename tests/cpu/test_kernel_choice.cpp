@@ -318,6 +318,22 @@ TEST(KernelChoice, WarpspecServesDenseTmaDescribableUnpackedUnsplitPrefillOnly) 
   EXPECT_NE(choose(packed, forced).kernel, Kernel::warpspec);
 }
 
+TEST(KernelChoice, WarpspecRunsOnOnePersistentCtaPerSm) {  // D-71
+  Problem dense = prefill(4096);
+  dense.tma_describable = true;
+  const KernelChoice persistent = choose(dense);
+  EXPECT_EQ(persistent.kernel, Kernel::warpspec);
+  EXPECT_EQ(persistent.persistent_ctas, kSms);
+  flashattn::KernelOverride tiles;
+  tiles.prefill_ctas = -1;
+  EXPECT_EQ(choose(dense, tiles).persistent_ctas, 0);  // one CTA per query tile
+  tiles.prefill_ctas = 3;
+  EXPECT_EQ(choose(dense, tiles).persistent_ctas, 3);
+  flashattn::KernelOverride wgmma;
+  wgmma.kernel = Kernel::wgmma;
+  EXPECT_EQ(choose(dense, wgmma).persistent_ctas, 0);
+}
+
 TEST(KernelChoice, TmaDescribableFollowsTheHardwareRules) {
   alignas(16) static char buffer[64];
   flashattn::AttnParams a;
@@ -461,6 +477,11 @@ TEST(KernelOverride, ParsesOneEnvironmentVariable) {
   EXPECT_FALSE(all.cluster_combine);
   EXPECT_FALSE(all.programmatic_launch);
   EXPECT_EQ(flashattn::parse_kernel_override("tile=wide").wgmma_tile, flashattn::WgmmaTile::wide);
+  EXPECT_EQ(none.prefill_ctas, 0);
+  EXPECT_EQ(flashattn::parse_kernel_override("warpspec,grid=tiles").prefill_ctas, -1);
+  EXPECT_EQ(flashattn::parse_kernel_override("warpspec,grid=3").prefill_ctas, 3);
+  EXPECT_THROW(flashattn::parse_kernel_override("warpspec,grid=some"), flashattn::Error);
+  EXPECT_THROW(flashattn::parse_kernel_override("warpspec,grid=0"), flashattn::Error);
   EXPECT_THROW(flashattn::parse_kernel_override("fastest"), flashattn::Error);
   EXPECT_THROW(flashattn::parse_kernel_override("mma,tile=huge"), flashattn::Error);
   EXPECT_THROW(flashattn::parse_kernel_override("cpu"), flashattn::Error);

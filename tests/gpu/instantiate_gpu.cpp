@@ -12,6 +12,14 @@ FA_INSTANTIATE_SWEEPS(Cuda, flashattn::Device::cuda);
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaMma, flashattn::Device::cuda, forced(Kernel::mma));
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWgmma, flashattn::Device::cuda, forced(Kernel::wgmma));
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWarpspec, flashattn::Device::cuda, forced(Kernel::warpspec));
+// Three warpspec CTAs: each takes many query tiles in turn (its pipelines and Q's buffer carried
+// from tile to tile).
+inline flashattn::KernelOverride warpspec_on_three_ctas() {
+  flashattn::KernelOverride o = forced(Kernel::warpspec);
+  o.prefill_ctas = 3;
+  return o;
+}
+FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWarpspecThreeCtas, flashattn::Device::cuda, warpspec_on_three_ctas());
 FA_INSTANTIATE_DECODE_SWEEPS_ON(CudaSplitkeys, flashattn::Device::cuda, forced(Kernel::splitkeys));
 FA_INSTANTIATE_DECODE_SWEEPS_ON(CudaDeep, flashattn::Device::cuda, forced(Kernel::deep));
 FA_INSTANTIATE_DECODE_SWEEPS_ON(CudaDims, flashattn::Device::cuda, forced(Kernel::dims));

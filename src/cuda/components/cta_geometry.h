@@ -56,8 +56,21 @@ __device__ __forceinline__ CtaInfo decode_unit_info(const AttnParams& p, int uni
   return c;
 }
 
-// The CTA's (batch, head, first row) from its block index; false when this query tile lies
-// past the end of its sequence (varlen: shorter than max_seqlen_q).
+// The geometry of query tile m_block (counted from the heaviest, the last rows) of unit `unit`;
+// false when this query tile lies past the end of its sequence (varlen: shorter than
+// max_seqlen_q).
+template <int kBlockM>
+__device__ __forceinline__ bool cta_info_at(const AttnParams& p, int unit, int heads, int m_block, int m_blocks,
+                                            CtaInfo& c) {
+  set_unit_heads(p, unit, heads, c);
+  c.seq = seq_info_checked(p, c.b);  // a sequence with an index fault comes back empty
+  c.rows = c.seq.seqlen_q * c.g;
+  // Heavy (late, causal) query tiles first: better tail balance.
+  c.m0 = (m_blocks - 1 - m_block) * kBlockM;
+  return c.m0 < c.rows;
+}
+
+// The CTA's (batch, head, first row) from its block index (launch_tile_grid's grid).
 template <int kBlockM>
 __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   // Read before the block indices are chosen, and seq_info's reads as rules.h has them: the
@@ -69,12 +82,27 @@ __device__ __forceinline__ bool make_cta_info(const AttnParams& p, CtaInfo& c) {
   const int unit = heavy_first ? blockIdx.x : blockIdx.z;
   const int m_block = heavy_first ? blockIdx.z : blockIdx.x;
   const int m_blocks = heavy_first ? gridDim.z : gridDim.x;
-  set_unit_heads(p, unit, heads, c);
-  c.seq = seq_info_checked(p, c.b);  // a sequence with an index fault comes back empty
-  c.rows = c.seq.seqlen_q * c.g;
-  // Heavy (late, causal) query tiles first: better tail balance.
-  c.m0 = (m_blocks - 1 - m_block) * kBlockM;
-  return c.m0 < c.rows;
+  return cta_info_at<kBlockM>(p, unit, heads, m_block, m_blocks, c);
+}
+
+// Query tiles of a unit (unpacked rows: seqlen_q of the longest sequence).
+template <int kBlockM>
+__device__ __forceinline__ int query_tiles_per_unit(const AttnParams& p) {
+  return int((int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM);
+}
+
+// The geometry of tile `tile` of a tile-loop grid (launch_tile_loop): the tiles in the order of
+// launch_tile_grid's grid, heaviest query tile first across units (p.heavy_tiles_first) or unit
+// by unit (a unit's query tiles side by side, sharing its K/V in L2).
+template <int kBlockM>
+__device__ __forceinline__ bool make_tile_info(const AttnParams& p, int64_t tile, int m_blocks, CtaInfo& c) {
+  const int heads = units_per_sequence(p);
+  const int64_t units = int64_t(p.batch) * heads;
+  const int64_t slow = p.heavy_tiles_first ? tile / units : tile / m_blocks;
+  const int fast = int(tile - slow * (p.heavy_tiles_first ? units : int64_t(m_blocks)));
+  const int unit = p.heavy_tiles_first ? fast : int(slow);
+  const int m_block = p.heavy_tiles_first ? int(slow) : fast;
+  return cta_info_at<kBlockM>(p, unit, heads, m_block, m_blocks, c);
 }
 
 // The key tiles [lo, hi) this CTA visits (its rows' visible keys, cut to its split), and the
