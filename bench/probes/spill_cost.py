@@ -25,6 +25,8 @@ DECODE = "--kvcache --seqlen-q 1 --seqlen-k 16384 --repeat 2"
 CASES = [
     ("warpspec-d128-causal", "warpspec",
      "--seqlen-q 4096 --batch 4 --heads 16 --head-dim 128 --causal --repeat 2"),
+    ("warpspec-d256-causal", "warpspec",
+     "--seqlen-q 4096 --batch 4 --heads 8 --head-dim 256 --causal --repeat 2"),
     ("wgmma-narrow-d128-varlen", "wgmma,tile=narrow",
      "--varlen --seqlen-q 4096 --batch 4 --heads 16 --head-dim 128 --repeat 2"),
     ("persistent-d128-page16", "persistent", f"{DECODE} --batch 32 --heads 32 --kv-heads 8 --page-size 16"),

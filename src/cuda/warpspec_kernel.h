@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   extern __shared__ __align__(1024) char smem_bytes[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_bytes);
 
-  // ---- the query tiles of this CTA: tile blockIdx.x, then every gridDim.x-th (one split, dense K/V)
+  // ---- the query tiles of this CTA, one per round (tile_of_round; one split, dense K/V)
   const int m_blocks = query_tiles_per_unit<kBlockM>(p);
   const int64_t tiles_total = int64_t(m_blocks) * p.batch * units_per_sequence(p);
   const int warpgroup = warpgroup_index();
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Stage k_write = cutlass::make_producer_start_state<Pipeline>();
     Stage v_write = k_write;
     int q_loads = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles_total; tile += gridDim.x) {
+    for (int64_t round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
       CtaInfo c;
       if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
       const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Stage k_read, v_read;  // consumers start at phase 0
   int q_loads = 0;
 
-  for (int64_t tile = blockIdx.x; tile < tiles_total; tile += gridDim.x) {
+  for (int64_t round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
     CtaInfo c;
     if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
     const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
