@@ -112,11 +112,11 @@ void launch_tile_loop(const AttnParams& p, const KernelChoice& choice, cudaStrea
   const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t tiles = m_blocks * p.batch * units_per_sequence(p);
   if (tiles == 0) return;  // nothing to compute
-  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
   const int64_t ctas = choice.persistent_ctas > 0 ? std::min(choice.persistent_ctas, tiles) : tiles;
-  if (ctas > kMaxGridX) {
-    throw Error(Error::Kind::unsupported, std::string(name) + ": " + std::to_string(tiles) +
-                                              " query tiles exceed a grid of " + std::to_string(kMaxGridX));
+  constexpr int64_t kMaxTiles = (int64_t(1) << 31) - 1;  // the kernel counts tiles and rounds in int
+  if (tiles + ctas > kMaxTiles) {
+    throw Error(Error::Kind::unsupported, std::string(name) + ": " + std::to_string(tiles) + " query tiles and " +
+                                              std::to_string(ctas) + " CTAs exceed " + std::to_string(kMaxTiles));
   }
   AttnParams kp = p;
   kp.heavy_tiles_first = choice.heavy_tiles_first;

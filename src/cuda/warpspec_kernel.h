@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   // ---- the query tiles of this CTA, one per round (tile_of_round; one split, dense K/V)
   const int m_blocks = query_tiles_per_unit<kBlockM>(p);
-  const int64_t tiles_total = int64_t(m_blocks) * p.batch * units_per_sequence(p);
+  const int tiles_total = m_blocks * p.batch * units_per_sequence(p);  // < 2^31 (launch_tile_loop)
   const int warpgroup = warpgroup_index();
 
   // ---- barriers: the K and V stages (full: the producer's bytes landed; empty: every consumer
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Stage k_write = cutlass::make_producer_start_state<Pipeline>();
     Stage v_write = k_write;
     int q_loads = 0;
-    for (int64_t round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
+    for (int round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
       CtaInfo c;
       if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
       const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
@@ -178,18 +178,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Stage k_read, v_read;  // consumers start at phase 0
   int q_loads = 0;
 
-  for (int64_t round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
+  for (int round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
     CtaInfo c;
     if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
     const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
     const int key_tiles = tiles.hi - tiles.lo;
     // The O row offsets of this tile, beside those of the previous one that may still be read
     // by its stores (the epilogue's consumers_sync of this tile ends them).
-    int64_t* o_off = smem.o_off[q_loads & 1];
     for (int r = tid; r < kBlockM; r += kConsumerThreads) {
       const int row = c.m0 + r;
       const PackedRow pr = tile_row_query(p, c, row);
-      o_off[r] = row < c.rows ? o_offset(p, c.seq, c.b, pr.query, pr.head) : kNoRow;
+      smem.o_off[q_loads & 1][r] = row < c.rows ? o_offset(p, c.seq, c.b, pr.query, pr.head) : kNoRow;
     }
     clear(acc_o);
     const ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
@@ -207,8 +206,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       softmax_update(s, rows, sc.scale_log2, correction);
     };
 
-    Tensor sQ = q_tile(q_loads);
-    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+    Tensor tSrQ = thr_s.partition_fragment_A(q_tile(q_loads));
     smem.q_full[q_buffer(q_loads)].wait(q_parity(q_loads));
     if (key_tiles > 0) {
       TensorCoreTurns turns(warpgroup - 1, key_tiles);
@@ -262,9 +260,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // only its own products read), then 16-byte row stores by both consumer warpgroups; then
     // Q's buffer goes back to the producer (its generic-proxy accesses ordered before the next
     // TMA write)
-    stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sQ);
+    Tensor sO = q_tile(q_loads);
+    stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
     consumers_sync();
-    store_o_rows<Traits>(p, sQ, o_off, tid);
+    store_o_rows<Traits>(p, sO, smem.o_off[q_loads & 1], tid);
     cutlass::arch::fence_view_async_shared();
     smem.q_empty[q_buffer(q_loads)].arrive();
     ++q_loads;

@@ -95,13 +95,13 @@ __device__ __forceinline__ int query_tiles_per_unit(const AttnParams& p) {
 // launch_tile_grid's grid, heaviest query tile first across units (p.heavy_tiles_first) or unit
 // by unit (a unit's query tiles side by side, sharing its K/V in L2).
 template <int kBlockM>
-__device__ __forceinline__ bool make_tile_info(const AttnParams& p, int64_t tile, int m_blocks, CtaInfo& c) {
+__device__ __forceinline__ bool make_tile_info(const AttnParams& p, int tile, int m_blocks, CtaInfo& c) {
   const int heads = units_per_sequence(p);
-  const int64_t units = int64_t(p.batch) * heads;
-  const int64_t slow = p.heavy_tiles_first ? tile / units : tile / m_blocks;
-  const int fast = int(tile - slow * (p.heavy_tiles_first ? units : int64_t(m_blocks)));
-  const int unit = p.heavy_tiles_first ? fast : int(slow);
-  const int m_block = p.heavy_tiles_first ? int(slow) : fast;
+  const int fast_count = p.heavy_tiles_first ? p.batch * heads : m_blocks;  // tiles < 2^31
+  const int slow = tile / fast_count;
+  const int fast = tile - slow * fast_count;
+  const int unit = p.heavy_tiles_first ? fast : slow;
+  const int m_block = p.heavy_tiles_first ? slow : fast;
   return cta_info_at<kBlockM>(p, unit, heads, m_block, m_blocks, c);
 }
 
@@ -109,9 +109,9 @@ __device__ __forceinline__ bool make_tile_info(const AttnParams& p, int64_t tile
 // the tiles in rounds of gridDim.x, in block order in even rounds and in reverse in odd ones (a
 // snake), so that with the tiles heaviest first every CTA's sum of work stays level (plain
 // rounds left the CTAs of low index up to 14% more work under causal masks; D-71).
-__device__ __forceinline__ int64_t tile_of_round(int64_t round) {
-  const int64_t in_round = (round & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-  return round * gridDim.x + in_round;
+__device__ __forceinline__ int tile_of_round(int round) {
+  const int in_round = (round & 1) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  return round * int(gridDim.x) + in_round;
 }
 
 // The key tiles [lo, hi) this CTA visits (its rows' visible keys, cut to its split), and the
