@@ -10,7 +10,9 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check),
 #             automatic and with FLASHATTN_KERNEL forcing each kernel; memcheck on the bad index
 #             values of the IndexFaults tests with each kernel forced; synccheck on the
-#             prefill kernels (warpspec's mbarrier pipeline and turns, wgmma)
+#             prefill kernels (wgmma; warpspec in warpspec_sanitize)
+#   warpspec_sanitize  memcheck, racecheck and synccheck of the warpspec kernel, persistent and on
+#             two CTAs taking many query tiles each (also run at the end of sanitize)
 #   fp8sanitize  memcheck + racecheck on the FP8 (e4m3) sweep cases of the GPU tests (also run
 #             at the end of sanitize)
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn), and
@@ -207,14 +209,13 @@ stage_sanitize() {
       done
     done
   done
-  # the barriers of the mbarrier pipeline and the named-barrier turns (warpspec), and wgmma's
-  for kernel in warpspec wgmma; do
-    for c in "${cases[0]}" "${cases[1]}" "${cases[6]}"; do
-      echo "== synccheck FLASHATTN_KERNEL=$kernel: $c" >>"$log"
-      FLASHATTN_KERNEL=$kernel compute-sanitizer --tool synccheck --error-exitcode 9 "$CLI" run --device cuda \
-        --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
-    done
+  # wgmma's barriers; the warpspec kernel's in stage_warpspec_sanitize
+  for c in "${cases[0]}" "${cases[1]}" "${cases[6]}"; do
+    echo "== synccheck FLASHATTN_KERNEL=wgmma: $c" >>"$log"
+    FLASHATTN_KERNEL=wgmma compute-sanitizer --tool synccheck --error-exitcode 9 "$CLI" run --device cuda \
+      --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
   done
+  stage_warpspec_sanitize || rc=1
   # Bad index values in device memory (tests/gpu/test_index_faults.cpp; the CLI cannot pass
   # them): nothing read or written outside the tensors, on every kernel forced in turn.
   for kernel in automatic mma splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
@@ -230,6 +231,30 @@ stage_sanitize() {
 
 # The FP8 cases of the GPU sweeps (tests/common/cases.cpp, names *e4m3*): the e4m3 mirror loads
 # and widening (mma prefill, splitkeys decode), the quantizing append, 1-byte staging.
+# The warpspec kernel under memcheck, racecheck and synccheck (its mbarrier pipelines, Q buffers and
+# named-barrier turns), on the persistent grid and on two CTAs that each take many query tiles.
+stage_warpspec_sanitize() {
+  local log="$OUT/sanitizer-warpspec.log" rc=0 tool kernel c
+  : >"$log"
+  local cases=(
+    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal"
+    "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
+    "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
+    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal"
+  )
+  for tool in memcheck racecheck synccheck; do
+    for kernel in warpspec warpspec,grid=2; do
+      for c in "${cases[@]}"; do
+        echo "== $tool FLASHATTN_KERNEL=$kernel: $c" >>"$log"
+        FLASHATTN_KERNEL=$kernel compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda \
+          --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
+      done
+    done
+  done
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
+  return $rc
+}
+
 stage_fp8sanitize() {
   local log="$OUT/sanitizer.log" rc=0 tool
   local cases=(
