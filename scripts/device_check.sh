@@ -28,8 +28,10 @@
 #             venv over the system's torch and numpy, then test_gpu.py, test_import_order.py and
 #             test_torch.py run by that venv's python from a copy of tests/python outside the source
 #             tree, without PYTHONPATH, .carry/prefix or nvcc. Needs no other stage. Log: wheel.log
-#   gridab    the warpspec kernel's grid, one CTA per query tile against persistent CTAs (D-71):
-#             `flashattn bench` over the FA2 grid at AB_DIMS (default 128,256), alternating twice
+#   ab        two kernel overrides side by side: `flashattn bench` over the FA2 grid at AB_DIMS
+#             (default 128,256) under each FLASHATTN_KERNEL value of AB (default: the warpspec grid
+#             of one CTA per query tile, then the automatic choice; D-71), alternating, two rounds;
+#             bench/probes/ab_summary.py prints each point's best of the rounds and the ratio
 #   spills    Nsight Compute's local-memory (spill) instructions and sectors of the kernels ptxas
 #             reports spilling, against all their instructions (bench/probes/spill_cost.py, D-49)
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
@@ -276,14 +278,15 @@ stage_fp8sanitize() {
   return $rc
 }
 
-stage_gridab() {
-  local round grid
+stage_ab() {
+  local round kernel
   for round in 1 2; do
-    for grid in tiles persistent; do
-      echo "== grid=$grid, round $round"
-      FLASHATTN_KERNEL="automatic,grid=$grid" "$CLI" bench --head-dims "${AB_DIMS:-128,256}" --repeat 20 2>/dev/null
+    for kernel in ${AB:-automatic,grid=tiles automatic}; do
+      echo "== FLASHATTN_KERNEL=$kernel, round $round"
+      FLASHATTN_KERNEL="$kernel" "$CLI" bench --head-dims "${AB_DIMS:-128,256}" --repeat 20 2>/dev/null
     done
-  done | tee "$OUT/gridab.log"
+  done >"$OUT/ab.log"
+  python3 bench/probes/ab_summary.py "$OUT/ab.log"
 }
 
 stage_spills() {
