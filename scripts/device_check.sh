@@ -167,6 +167,38 @@ PY
   return $rc
 }
 
+# One CLI case (the arguments after the third) under compute-sanitizer TOOL with
+# FLASHATTN_KERNEL=KERNEL (empty: the automatic choice), checked against float64, logged to LOG.
+sanitize_cli() {
+  local log=$1 tool=$2 kernel=$3
+  shift 3
+  echo "== $tool${kernel:+ FLASHATTN_KERNEL=$kernel}: $*" >>"$log"
+  FLASHATTN_KERNEL=$kernel compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda \
+    --dtype bf16 --repeat 1 --check "$@" >>"$log" 2>&1
+}
+
+# The warpspec kernel under memcheck, racecheck and synccheck (its mbarrier pipelines, Q buffers and
+# named-barrier turns), on the persistent grid and on two CTAs that each take many query tiles.
+stage_warpspec_sanitize() {
+  local log="$OUT/sanitizer-warpspec.log" rc=0 tool kernel c
+  : >"$log"
+  local cases=(
+    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal"
+    "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
+    "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
+    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal"
+  )
+  for tool in memcheck racecheck synccheck; do
+    for kernel in warpspec warpspec,grid=2; do
+      for c in "${cases[@]}"; do
+        sanitize_cli "$log" "$tool" "$kernel" $c || rc=1
+      done
+    done
+  done
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
+  return $rc
+}
+
 stage_sanitize() {
   local log="$OUT/sanitizer.log" rc=0
   : >"$log"
@@ -198,24 +230,19 @@ stage_sanitize() {
   local kernel
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do
-      echo "== $tool: $c" >>"$log"
-      compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
+      sanitize_cli "$log" "$tool" "" $c || rc=1
       tail -n 2 "$log"
     done
     # every decode kernel and mma prefill, forced, on a decode and a prefill case each
     for kernel in mma wgmma warpspec splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
       for c in "${cases[3]}" "${cases[7]}" "${cases[0]}"; do
-        echo "== $tool FLASHATTN_KERNEL=$kernel: $c" >>"$log"
-        FLASHATTN_KERNEL=$kernel compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda \
-          --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
+        sanitize_cli "$log" "$tool" "$kernel" $c || rc=1
       done
     done
   done
   # wgmma's barriers; the warpspec kernel's in stage_warpspec_sanitize
   for c in "${cases[0]}" "${cases[1]}" "${cases[6]}"; do
-    echo "== synccheck FLASHATTN_KERNEL=wgmma: $c" >>"$log"
-    FLASHATTN_KERNEL=wgmma compute-sanitizer --tool synccheck --error-exitcode 9 "$CLI" run --device cuda \
-      --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
+    sanitize_cli "$log" synccheck wgmma $c || rc=1
   done
   stage_warpspec_sanitize || rc=1
   # Bad index values in device memory (tests/gpu/test_index_faults.cpp; the CLI cannot pass
@@ -233,30 +260,6 @@ stage_sanitize() {
 
 # The FP8 cases of the GPU sweeps (tests/common/cases.cpp, names *e4m3*): the e4m3 mirror loads
 # and widening (mma prefill, splitkeys decode), the quantizing append, 1-byte staging.
-# The warpspec kernel under memcheck, racecheck and synccheck (its mbarrier pipelines, Q buffers and
-# named-barrier turns), on the persistent grid and on two CTAs that each take many query tiles.
-stage_warpspec_sanitize() {
-  local log="$OUT/sanitizer-warpspec.log" rc=0 tool kernel c
-  : >"$log"
-  local cases=(
-    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal"
-    "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
-    "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
-    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal"
-  )
-  for tool in memcheck racecheck synccheck; do
-    for kernel in warpspec warpspec,grid=2; do
-      for c in "${cases[@]}"; do
-        echo "== $tool FLASHATTN_KERNEL=$kernel: $c" >>"$log"
-        FLASHATTN_KERNEL=$kernel compute-sanitizer --tool "$tool" --error-exitcode 9 "$CLI" run --device cuda \
-          --dtype bf16 --repeat 1 --check $c >>"$log" 2>&1 || rc=1
-      done
-    done
-  done
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
-  return $rc
-}
-
 stage_fp8sanitize() {
   local log="$OUT/sanitizer.log" rc=0 tool
   local cases=(
