@@ -32,6 +32,7 @@
 #             (default 128,256) under each FLASHATTN_KERNEL value of AB (default: the warpspec grid
 #             of one CTA per query tile, then the automatic choice; D-71), alternating, two rounds;
 #             bench/probes/ab_summary.py prints each point's best of the rounds and the ratio
+#   pagecost  decode over a paged cache (pages of 1 and 16 rows) against contiguous, CLI bench (D-61)
 #   spills    Nsight Compute's local-memory (spill) instructions and sectors of the kernels ptxas
 #             reports spilling, against all their instructions (bench/probes/spill_cost.py, D-49)
 #   floor     the lease's read floor: torch.sum over the 32 x 4k point's K/V bytes, ours and SDPA,
@@ -290,6 +291,19 @@ stage_ab() {
     done
   done >"$OUT/ab.log"
   python3 bench/probes/ab_summary.py "$OUT/ab.log"
+}
+
+# Paged decode against contiguous (the block_table checks' cost, D-61): the CLI's decode grid at
+# PAGE_BATCHES x PAGE_CONTEXTS, contiguous and with pages of 1 and 16 rows, alternating, two rounds.
+stage_pagecost() {
+  local round page
+  for round in 1 2; do
+    for page in 0 1 16; do
+      echo "== page $page, round $round"
+      "$CLI" bench --decode --batches "${PAGE_BATCHES:-1,8,32}" --seqlens "${PAGE_CONTEXTS:-4096,16384,65536}" \
+        --repeat 20 $([ "$page" = 0 ] || echo --page-size "$page") 2>/dev/null
+    done
+  done | tee "$OUT/pagecost.log" | grep -v "^$"
 }
 
 stage_spills() {

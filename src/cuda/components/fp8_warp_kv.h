@@ -119,9 +119,10 @@ struct Fp8WarpKv : KvStages<Traits> {
     } else {
       const int64_t page_stride = kIsV ? p.v_batch_stride : p.k_batch_stride;
       const uint8_t* head = base + c.hk * (kIsV ? p.v_head_stride : p.k_head_stride) + col;
+      const unsigned usable = usable_page_rows(p, c, rows, /*record=*/!kIsV);
       CUTE_UNROLL
       for (int i = 0; i < kCopies; ++i) {
-        const bool valid = rows.page[i] >= 0;
+        const bool valid = usable >> i & 1u;
         const uint8_t* src = head + rows.page[i] * page_stride + rows.in_page[i] * row_stride;
         cp_async_16_bytes(dst + i * kDstStep, valid ? src : base, valid ? bytes : 0);
       }

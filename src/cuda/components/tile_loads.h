@@ -301,10 +301,32 @@ __device__ __forceinline__ void load_kv(const AttnParams& p, const CtaInfo& c,
 template <int kRows_>
 struct PageRows {
   static constexpr int kRows = kRows_;
-  int page[kRows];     // the page holding each row; -1 past the sequence's keys, or where the
-                       // block_table entry names no page of the cache (index_checks.h)
+  int page[kRows];     // each row's block_table entry as read (unchecked); -1 past the sequence's keys
   int in_page[kRows];  // each row's row within its page
+  unsigned read = 0;   // bit m: row m's entry was read (for the fault record)
 };
+
+// The rows of `rows` that may be copied: bit m set where row m's entry names a page of the
+// cache (rules.h valid_page). With `record`, an entry read that names none is recorded as the
+// device's fault (index_checks.h) and its row reads nothing (zero-filled). The entries are
+// checked here, where the copies use them anyway, not where they are read: a check at the
+// lookup waited for the table reads before the tile's cp.async wait instead of under it
+// (docs/DECISIONS.md D-61).
+template <int kRows>
+__device__ __forceinline__ unsigned usable_page_rows(const AttnParams& p, const CtaInfo& c,
+                                                     const PageRows<kRows>& rows, bool record) {
+  static_assert(kRows <= 32, "one bit per row");
+  unsigned usable = 0;
+  CUTE_UNROLL
+  for (int m = 0; m < kRows; ++m) usable |= unsigned(valid_page(p, rows.page[m])) << m;
+  if (record && (rows.read & ~usable) != 0u) {
+    CUTE_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      if (rows.read >> m & 1u) checked_page(p, c.b, rows.page[m]);
+    }
+  }
+  return usable;
+}
 template <class Traits>
 using PagedRows = PageRows<Traits::kBlockN / Traits::kGmemRowsPerPass>;
 
@@ -321,29 +343,18 @@ __device__ __forceinline__ PageRows<kRows> lookup_page_rows(const AttnParams& p,
   const int step_pages = kStep / p.page_size;
   const int step_rows = kStep - step_pages * p.page_size;
   const int* table_row = p.block_table + c.b * p.block_table_batch_stride;
-  // The table entries are read first, all of them in flight at once, and checked after: a
-  // check (and its fault branch) right after each read made the reads wait for one another
-  // (decode at page size 1 measured up to 1.5x slower, D-61).
+  // The entries are read here, all of them in flight at once, and checked where the copies use
+  // them (usable_page_rows).
   static_assert(kRows <= 32, "one bit per row");
-  unsigned read = 0;  // bit m: row m's entry was read
   CUTE_UNROLL
   for (int m = 0; m < kRows; ++m) {
     const bool valid = copies && first + m * kStep < c.seq.seqlen_k;
-    read |= unsigned(valid) << m;
+    rows.read |= unsigned(valid) << m;
     rows.page[m] = valid ? table_row[page_index] : -1;
     rows.in_page[m] = in_page;
     in_page += step_rows;
     page_index += step_pages;
     if (in_page >= p.page_size) in_page -= p.page_size, ++page_index;
-  }
-  bool any_outside = false;
-  CUTE_UNROLL
-  for (int m = 0; m < kRows; ++m) any_outside |= (read >> m & 1u) && !valid_page(p, rows.page[m]);
-  if (any_outside) {
-    CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      if ((read >> m & 1u) && !checked_page(p, c.b, rows.page[m])) rows.page[m] = -1;
-    }
   }
   return rows;
 }
@@ -376,9 +387,10 @@ __device__ __forceinline__ void load_paged_rows(const AttnParams& p, const CtaIn
   const int col = get<1>(tXcX(0, 0, 0));
   const Src* head = base + c.hk * (kIsV ? p.v_head_stride : p.k_head_stride) + col;
   static_assert(decltype(size<1>(tXsX))::value == PagedRows<Traits>::kRows, "a page per copy row");
+  const unsigned usable = usable_page_rows(p, c, rows, /*record=*/!kIsV);  // K's copies record a fault
   CUTE_UNROLL
   for (int m = 0; m < PagedRows<Traits>::kRows; ++m) {
-    const bool row_ok = rows.page[m] >= 0;
+    const bool row_ok = usable >> m & 1u;
     const Src* src = head + rows.page[m] * page_stride + rows.in_page[m] * row_stride;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tXsX); ++k) {
