@@ -13,6 +13,8 @@
 #             prefill kernels (wgmma; warpspec in warpspec_sanitize)
 #   warpspec_sanitize  memcheck, racecheck and synccheck of the warpspec kernel, persistent and on
 #             two CTAs taking many query tiles each (also run at the end of sanitize)
+#   pagedsanitize  memcheck + racecheck on the paged-cache cases and the bad index values (a subset
+#             of sanitize)
 #   fp8sanitize  memcheck + racecheck on the FP8 (e4m3) sweep cases of the GPU tests (also run
 #             at the end of sanitize)
 #   bench     bench/bench.py prefill + decode, side by side with PyTorch SDPA (flash, cudnn), and
@@ -200,34 +202,37 @@ stage_warpspec_sanitize() {
   return $rc
 }
 
+# The CLI cases the sanitizer stages run (--check against the CPU reference).
+SANITIZE_CASES=(
+  "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal"
+  "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
+  "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 128"
+  "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 1 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 128 --causal --append 3 --rotary neox"
+  "--kvcache --splits 12 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
+  "--kvcache --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1 --rotary neox"
+  "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
+  "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128"
+  "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 4000 --heads 32 --kv-heads 8 --head-dim 128"
+  "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 6000 --heads 32 --kv-heads 8 --head-dim 128"
+  "--kvcache --paged --page-size 16 --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
+  "--kvcache --paged --page-size 3 --batch 3 --seqlen-q 1 --seqlen-k 500 --heads 8 --kv-heads 2 --head-dim 64"
+  "--kvcache --paged --page-size 40 --batch 2 --seqlen-q 1 --seqlen-k 400 --heads 8 --kv-heads 8 --head-dim 256"
+  "--kvcache --splits 1 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
+  "--kvcache --paged --page-size 16 --splits 2 --batch 2 --seqlen-q 1 --seqlen-k 2000 --heads 8 --kv-heads 2 --head-dim 128"
+  "--kvcache --batch 66 --seqlen-q 1 --seqlen-k 200 --heads 32 --kv-heads 8 --head-dim 128"
+  "--kvcache --paged --page-size 16 --batch 66 --seqlen-q 1 --seqlen-k 300 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
+  "--kvcache --batch 33 --seqlen-q 3 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 3 --rotary interleaved"
+  "--kvcache --batch 34 --seqlen-q 2 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 2 --rotary interleaved"
+  # head dims that are not multiples of 8: staged, zero-padded copies (src/api/staging.h)
+  "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 59 --causal"
+  "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 1"
+  "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 2 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 111 --causal --append 2 --rotary neox"
+)
+
 stage_sanitize() {
   local log="$OUT/sanitizer.log" rc=0
   : >"$log"
-  local cases=(
-    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal"
-    "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
-    "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 128"
-    "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 1 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 128 --causal --append 3 --rotary neox"
-    "--kvcache --splits 12 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
-    "--kvcache --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 64 --append 1 --rotary neox"
-    "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
-    "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128"
-    "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 4000 --heads 32 --kv-heads 8 --head-dim 128"
-    "--kvcache --batch 1 --seqlen-q 1 --seqlen-k 6000 --heads 32 --kv-heads 8 --head-dim 128"
-    "--kvcache --paged --page-size 16 --batch 1 --seqlen-q 1 --seqlen-k 1000 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
-    "--kvcache --paged --page-size 3 --batch 3 --seqlen-q 1 --seqlen-k 500 --heads 8 --kv-heads 2 --head-dim 64"
-    "--kvcache --paged --page-size 40 --batch 2 --seqlen-q 1 --seqlen-k 400 --heads 8 --kv-heads 8 --head-dim 256"
-    "--kvcache --splits 1 --batch 2 --seqlen-q 1 --seqlen-k 1000 --heads 8 --kv-heads 2 --head-dim 128"
-    "--kvcache --paged --page-size 16 --splits 2 --batch 2 --seqlen-q 1 --seqlen-k 2000 --heads 8 --kv-heads 2 --head-dim 128"
-    "--kvcache --batch 66 --seqlen-q 1 --seqlen-k 200 --heads 32 --kv-heads 8 --head-dim 128"
-    "--kvcache --paged --page-size 16 --batch 66 --seqlen-q 1 --seqlen-k 300 --heads 32 --kv-heads 8 --head-dim 128 --append 1"
-    "--kvcache --batch 33 --seqlen-q 3 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 3 --rotary interleaved"
-    "--kvcache --batch 34 --seqlen-q 2 --seqlen-k 150 --heads 16 --kv-heads 16 --head-dim 64 --causal --alibi --append 2 --rotary interleaved"
-    # head dims that are not multiples of 8: staged, zero-padded copies (src/api/staging.h)
-    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 59 --causal"
-    "--varlen --batch 3 --seqlen-q 65 --seqlen-k 129 --heads 4 --kv-heads 2 --head-dim 1"
-    "--kvcache --paged --page-size 16 --splits 3 --batch 2 --seqlen-q 2 --seqlen-k 300 --heads 8 --kv-heads 2 --head-dim 111 --causal --append 2 --rotary neox"
-  )
+  local cases=("${SANITIZE_CASES[@]}")
   local kernel
   for tool in memcheck racecheck; do
     for c in "${cases[@]}"; do
@@ -246,15 +251,40 @@ stage_sanitize() {
     sanitize_cli "$log" synccheck wgmma $c || rc=1
   done
   stage_warpspec_sanitize || rc=1
-  # Bad index values in device memory (tests/gpu/test_index_faults.cpp; the CLI cannot pass
-  # them): nothing read or written outside the tensors, on every kernel forced in turn.
+  sanitize_index_faults "$log" || rc=1
+  stage_fp8sanitize || rc=1
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
+  return $rc
+}
+
+# Bad index values in device memory (tests/gpu/test_index_faults.cpp; the CLI cannot pass
+# them): nothing read or written outside the tensors, on every kernel forced in turn.
+sanitize_index_faults() {
+  local log=$1 kernel rc=0
   for kernel in automatic mma splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off; do
     echo "== memcheck IndexFaults FLASHATTN_KERNEL=$kernel" >>"$log"
     FLASHATTN_KERNEL=$kernel compute-sanitizer --tool memcheck --error-exitcode 9 "$CARRY/flashattn_tests_gpu" \
       --gtest_filter='IndexFaults.*' --gtest_brief=1 >>"$log" 2>&1 || rc=1
     tail -n 2 "$log"
   done
-  stage_fp8sanitize || rc=1
+  return $rc
+}
+
+# The paged-cache subset of stage_sanitize (the block_table reads and checks, D-61): memcheck on its
+# --paged cases, automatic, with splitkeys and persistent forced, and with an e4m3 cache; racecheck
+# on them, automatic; then the bad index values.
+stage_pagedsanitize() {
+  local log="$OUT/sanitizer-paged.log" rc=0 tool kernel c
+  : >"$log"
+  for c in "${SANITIZE_CASES[@]}"; do
+    [[ "$c" == *--paged* ]] || continue
+    for kernel in "" splitkeys persistent; do
+      sanitize_cli "$log" memcheck "$kernel" $c || rc=1
+    done
+    sanitize_cli "$log" memcheck "" $c --kv-dtype e4m3 || rc=1
+    sanitize_cli "$log" racecheck "" $c || rc=1
+  done
+  sanitize_index_faults "$log" || rc=1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
   return $rc
 }

@@ -1,5 +1,6 @@
-// A minimal parallel loop for the CPU backend: std::thread workers pull item indices from an
-// atomic counter (dynamic scheduling, since attention tiles differ in cost under masks).
+// A minimal parallel loop for the CPU backend: the caller and helper threads pull item indices
+// from an atomic counter (dynamic scheduling, since attention tiles differ in cost under masks).
+// The helpers are kept between calls in one process-wide pool (docs/DECISIONS.md D-73).
 //
 // Helper threads come from one process-wide budget of hardware_concurrency() threads, counting
 // every call in progress (its calling thread included): calls made from several threads at once
@@ -20,7 +21,7 @@ int resolve_threads(int requested, int64_t items);
 // Runs body(item, worker) for item in [0, items) on up to `workers` threads (the caller is
 // worker 0; fewer run while other calls hold the budget); worker < workers always. The first
 // exception thrown by a body is rethrown here after all workers stopped. A helper thread that
-// cannot be started throws flashattn::Error (runtime) once the started ones have stopped.
+// cannot be started throws flashattn::Error (runtime) before any item runs.
 void parallel_for(int64_t items, int workers, const std::function<void(int64_t, int)>& body);
 
 }  // namespace cpu

@@ -182,6 +182,37 @@ def test_num_threads(rng):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork")
+def test_calls_in_a_forked_child(rng):
+    """The helper threads are kept between calls (D-73); a child forked after calls has none of
+    them: its call must neither wait for them (a hang, failed here after 60 s) nor differ."""
+    import os
+    import signal
+    import time
+
+    q, k, v = make_qkv(rng, 2, 130, 130, 4, 4, 64, np.float32)
+    expected = flashattn.flash_attn_func(q, k, v, causal=True)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        code = 1
+        try:
+            got = flashattn.flash_attn_func(q, k, v, causal=True)
+            code = 0 if np.array_equal(got, expected) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's call did not return in 60 s")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+
 # ---- varlen -------------------------------------------------------------------------------------
 
 def cu(lengths):
