@@ -89,7 +89,7 @@ class WorkerPool {
   }
 
  private:
-  static constexpr auto kSpin = std::chrono::microseconds(200);
+  static constexpr auto kSpin = std::chrono::microseconds(50);
 
   // Starts threads until `helpers` are available to each call; throws Error (runtime) if the
   // system refuses one (the threads started stay in the pool).
