@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "flashattn/flashattn.h"
+
 namespace flashattn {
 namespace cpu {
 
@@ -134,6 +136,49 @@ const Bf16Kernels* avx512bf16_kernels();
 // The bf16 set this process uses: AMX, else AVX512-BF16, else nullptr (bf16 then takes the fp32
 // tiles of tile_kernels()).
 const Bf16Kernels* bf16_kernels();
+
+// ---- decode kernels: one query row against K/V rows read in place (D-72) -----------------------
+//
+// Decode (one query row per sequence) reads every K and V row once, so it is bound by memory, not
+// by the products: the decode walk (attention.cpp) reads each key's rows where they are stored
+// (contiguous or paged, bf16 / fp16 / fp32), once for all the query heads that share the KV head
+// (GQA), with no conversion into tiles. It takes keys in blocks of kDecodeKeys; per block and KV
+// head the set computes the scores of the group's heads, their row max and probabilities, and
+// adds P.V into the heads' fp32 output rows. Layouts (fp32 unless stated):
+//   q       (heads, d)              the group's query rows: fp32, or bf16 bits as stored where
+//                                   the set's bf16_query is true (VDPBF16PS)
+//   k_rows  (keys) pointers         a key's row of d elements in the set's storage type
+//   s       (heads, kDecodeKeys)    scores, then probabilities (0 past the block's keys)
+//   o       (heads, d)              the heads' unnormalised output rows
+constexpr int kDecodeKeys = 16;
+
+struct DecodeKernels {
+  const char* name;
+  bool bf16_query;  // q is given as bf16 bits (the stored bf16 query), not fp32
+  // s[h][j] = q_h . k_j for h < heads, j < keys (keys <= kDecodeKeys).
+  void (*scores)(const void* q, int heads, int d, const void* const* k_rows, int keys, float* s);
+  // out[h] = max_{j < keys} s[h][j], NaN ignored (-inf where every score is -inf or NaN).
+  void (*row_max)(const float* s, int heads, int keys, float* out);
+  // s[h][j] = exp2(s[h][j] * scale_log2 - offset[h]) for j < keys, 0 for keys <= j < kDecodeKeys;
+  // sum[h] = the sum of them.
+  void (*exp2_sum)(float* s, int heads, int keys, float scale_log2, const float* offset, float* sum);
+  // o[h][c] = o[h][c] * factor[h] + sum_{j < keys} s[h][j] * v_j[c] for c < d.
+  void (*pv)(const float* s, int heads, const void* const* v_rows, int keys, int d, const float* factor,
+             float* o);
+};
+
+// The decode kernels of each set for K/V stored as `storage` (f32, f16 or bf16) and head dim d,
+// or nullptr where the set does not serve them (not compiled in, the CPU lacks it, or d is not
+// a multiple of its vector). The portable set serves every d.
+const DecodeKernels* portable_decode_kernels(DType storage);
+const DecodeKernels* avx2_decode_kernels(DType storage, int d);
+const DecodeKernels* avx512_decode_kernels(DType storage, int d);
+// AVX-512 with VDPBF16PS scores (bf16 storage only).
+const DecodeKernels* avx512bf16_decode_kernels(DType storage, int d);
+
+// The set this process uses for decode: the fastest one serving (storage, d) within
+// kernel_level_allowed (AVX512-BF16 counts at its own level; AMX has no decode set of its own).
+const DecodeKernels& decode_kernels(DType storage, int d);
 
 }  // namespace cpu
 }  // namespace flashattn

@@ -225,12 +225,207 @@ FA_AVX2 void transpose(const float* src, int ld_src, int rows, int cols, float* 
   }
 }
 
+
+// ---- decode (D-72): rows read in place, widened in registers ------------------------------------
+
+#define FA_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+// Register blocks: scores 4 keys x 2 heads (8 ymm accumulators, folded together by
+// sum_lanes_8), P.V 4 heads x 16 columns (8 accumulators).
+constexpr int kDecodeScoreKeys = 4, kDecodeScoreHeads = 2;
+constexpr int kDecodePvHeads = 4, kDecodePvVecs = 2;
+
+// Elements c .. c + 7 of a row stored as D, widened to fp32.
+template <DType D>
+FA_AVX2_F16C inline __m256 load8(const void* row, int c) {
+  if constexpr (D == DType::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + c);
+  } else {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + c));
+    if constexpr (D == DType::f16) {
+      return _mm256_cvtph_ps(bits);
+    } else {  // bf16: the upper half of an fp32
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    }
+  }
+}
+
+// Lane i of the result = the sum of the 8 lanes of x[i]: folds of 128-bit halves, then within
+// 128-bit lanes (the result comes out in natural order).
+FA_AVX2_F16C inline __m256 sum_lanes_8(const __m256 (&x)[8]) {
+  __m256 t[4];
+  for (int i = 0; i < 4; ++i) {  // [x_i lo + x_i hi | x_(i+4) lo + x_(i+4) hi]
+    t[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[i], x[i + 4], 0x20), _mm256_permute2f128_ps(x[i], x[i + 4], 0x31));
+  }
+  const __m256 w0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 w1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(w0, w1, 0x88), _mm256_shuffle_ps(w0, w1, 0xDD));
+}
+
+template <DType D, int H>
+FA_AVX2_F16C void decode_scores_heads(const float* q, int d, const void* const* k_rows, int keys, float* s) {
+  for (int j0 = 0; j0 < keys; j0 += kDecodeScoreKeys) {
+    const void* k[kDecodeScoreKeys];
+    FA_UNROLL
+    for (int i = 0; i < kDecodeScoreKeys; ++i) k[i] = k_rows[j0 + i < keys ? j0 + i : keys - 1];
+    __m256 acc[kDecodeScoreHeads][kDecodeScoreKeys];
+    FA_UNROLL
+    for (int h = 0; h < kDecodeScoreHeads; ++h)
+      FA_UNROLL
+      for (int i = 0; i < kDecodeScoreKeys; ++i) acc[h][i] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += kLanes) {
+      __m256 kv[kDecodeScoreKeys];
+      FA_UNROLL
+      for (int i = 0; i < kDecodeScoreKeys; ++i) kv[i] = load8<D>(k[i], c);
+      FA_UNROLL
+      for (int h = 0; h < H; ++h) {
+        const __m256 qv = _mm256_loadu_ps(q + size_t(h) * d + c);
+        FA_UNROLL
+        for (int i = 0; i < kDecodeScoreKeys; ++i) acc[h][i] = _mm256_fmadd_ps(qv, kv[i], acc[h][i]);
+      }
+    }
+    __m256 x[8];
+    FA_UNROLL
+    for (int h = 0; h < kDecodeScoreHeads; ++h)
+      FA_UNROLL
+      for (int i = 0; i < kDecodeScoreKeys; ++i) x[h * kDecodeScoreKeys + i] = acc[h][i];
+    const __m256 sums = sum_lanes_8(x);  // lane 4h + i: head h, key j0 + i
+    _mm_storeu_ps(s + j0, _mm256_castps256_ps128(sums));
+    if (H > 1) _mm_storeu_ps(s + kDecodeKeys + j0, _mm256_extractf128_ps(sums, 1));
+  }
+}
+
+template <DType D>
+FA_AVX2_F16C void decode_scores(const void* q, int heads, int d, const void* const* k_rows, int keys, float* s) {
+  const float* q32 = static_cast<const float*>(q);
+  int h = 0;
+  for (; h + kDecodeScoreHeads <= heads; h += kDecodeScoreHeads) {
+    decode_scores_heads<D, kDecodeScoreHeads>(q32 + size_t(h) * d, d, k_rows, keys, s + h * kDecodeKeys);
+  }
+  if (h < heads) decode_scores_heads<D, 1>(q32 + size_t(h) * d, d, k_rows, keys, s + h * kDecodeKeys);
+}
+
+// The 16 scores of a row: lanes past `keys` replaced by `fill`.
+FA_AVX2 inline void decode_row(const float* row, int keys, __m256 fill, __m256 (&x)[2]) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int v = 0; v < 2; ++v) {
+    const __m256 in_keys = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(keys - v * kLanes), lane));
+    x[v] = _mm256_blendv_ps(fill, _mm256_loadu_ps(row + v * kLanes), in_keys);
+  }
+}
+
+FA_AVX2 inline float max_of_lanes(__m256 m) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
+
+FA_AVX2 inline float sum_of_lanes(__m256 m) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
+
+FA_AVX2 void decode_row_max(const float* s, int heads, int keys, float* out) {
+  const __m256 lowest = _mm256_set1_ps(-INFINITY);
+  for (int h = 0; h < heads; ++h) {
+    __m256 x[2];
+    decode_row(s + h * kDecodeKeys, keys, lowest, x);
+    // max(x, m) returns m where x is NaN: NaN scores are ignored.
+    out[h] = max_of_lanes(_mm256_max_ps(x[1], _mm256_max_ps(x[0], lowest)));
+  }
+}
+
+FA_AVX2 void decode_exp2_sum(float* s, int heads, int keys, float scale_log2, const float* offset, float* sum) {
+  const __m256 scale = _mm256_set1_ps(scale_log2), zero = _mm256_setzero_ps();
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int h = 0; h < heads; ++h) {
+    float* row = s + h * kDecodeKeys;
+    __m256 total = zero;
+    for (int v = 0; v < 2; ++v) {
+      const __m256 in_keys = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(keys - v * kLanes), lane));
+      const __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(row + v * kLanes), scale, _mm256_set1_ps(offset[h]));
+      const __m256 p = _mm256_blendv_ps(zero, exp2_ps(x), in_keys);
+      _mm256_storeu_ps(row + v * kLanes, p);
+      total = _mm256_add_ps(total, p);
+    }
+    sum[h] = sum_of_lanes(total);
+  }
+}
+
+template <DType D, int H, int V>
+FA_AVX2_F16C inline void decode_pv_block(const float* p, const void* const* v_rows, int keys, int d, int c0,
+                                         const float* factor, float* o) {
+  __m256 acc[H][V];
+  FA_UNROLL
+  for (int h = 0; h < H; ++h) {
+    const __m256 f = _mm256_set1_ps(factor[h]);
+    FA_UNROLL
+    for (int v = 0; v < V; ++v) acc[h][v] = _mm256_mul_ps(_mm256_loadu_ps(o + size_t(h) * d + c0 + v * kLanes), f);
+  }
+  for (int j = 0; j < keys; ++j) {
+    __m256 vv[V];
+    FA_UNROLL
+    for (int v = 0; v < V; ++v) vv[v] = load8<D>(v_rows[j], c0 + v * kLanes);
+    FA_UNROLL
+    for (int h = 0; h < H; ++h) {
+      const __m256 pj = _mm256_set1_ps(p[h * kDecodeKeys + j]);
+      FA_UNROLL
+      for (int v = 0; v < V; ++v) acc[h][v] = _mm256_fmadd_ps(pj, vv[v], acc[h][v]);
+    }
+  }
+  FA_UNROLL
+  for (int h = 0; h < H; ++h)
+    FA_UNROLL
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + size_t(h) * d + c0 + v * kLanes, acc[h][v]);
+}
+
+template <DType D, int H>
+FA_AVX2_F16C void decode_pv_heads(const float* p, const void* const* v_rows, int keys, int d, const float* factor,
+                                  float* o) {
+  int c0 = 0;
+  for (; c0 + kDecodePvVecs * kLanes <= d; c0 += kDecodePvVecs * kLanes) {
+    decode_pv_block<D, H, kDecodePvVecs>(p, v_rows, keys, d, c0, factor, o);
+  }
+  for (; c0 < d; c0 += kLanes) decode_pv_block<D, H, 1>(p, v_rows, keys, d, c0, factor, o);
+}
+
+template <DType D>
+FA_AVX2_F16C void decode_pv(const float* p, int heads, const void* const* v_rows, int keys, int d, const float* factor,
+                            float* o) {
+  int h = 0;
+  for (; h + kDecodePvHeads <= heads; h += kDecodePvHeads) {
+    decode_pv_heads<D, kDecodePvHeads>(p + h * kDecodeKeys, v_rows, keys, d, factor + h, o + size_t(h) * d);
+  }
+  for (; h < heads; ++h) decode_pv_heads<D, 1>(p + h * kDecodeKeys, v_rows, keys, d, factor + h, o + size_t(h) * d);
+}
+
+template <DType D>
+const DecodeKernels* avx2_decode_set() {
+  static const DecodeKernels kernels{"avx2", false, decode_scores<D>, decode_row_max, decode_exp2_sum, decode_pv<D>};
+  return &kernels;
+}
+
 }  // namespace
 
 const TileKernels* avx2_kernels() {
   static const TileKernels kernels{"avx2", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported ? &kernels : nullptr;
+}
+
+// Decode (D-72): d a multiple of 8; fp16 rows widen with F16C.
+const DecodeKernels* avx2_decode_kernels(DType storage, int d) {
+  static const bool supported = avx2_kernels() != nullptr && __builtin_cpu_supports("f16c");
+  if (!supported || d % kLanes != 0) return nullptr;
+  switch (storage) {
+    case DType::f32: return avx2_decode_set<DType::f32>();
+    case DType::f16: return avx2_decode_set<DType::f16>();
+    case DType::bf16: return avx2_decode_set<DType::bf16>();
+    default: return nullptr;
+  }
 }
 
 }  // namespace cpu
@@ -241,6 +436,7 @@ const TileKernels* avx2_kernels() {
 namespace flashattn {
 namespace cpu {
 const TileKernels* avx2_kernels() { return nullptr; }
+const DecodeKernels* avx2_decode_kernels(DType, int) { return nullptr; }
 }  // namespace cpu
 }  // namespace flashattn
 

@@ -3,6 +3,7 @@
 // builds with the library's ordinary flags and runs only where avx512_kernels() found the CPU features.
 #include "cpu/kernels.h"
 
+#include "cpu/avx512_decode.h"
 #include "cpu/avx512_math.h"
 
 #ifdef FLASHATTN_HAVE_AVX512_KERNELS
@@ -223,6 +224,22 @@ const TileKernels* avx512_kernels() {
   return supported ? &kernels : nullptr;
 }
 
+// Decode (D-72): the rows widened in registers, fp32 FMAs; d a multiple of 16.
+const DecodeKernels* avx512_decode_kernels(DType storage, int d) {
+  namespace dec = avx512_decode;
+  static const DecodeKernels f32{"avx512", false, dec::scores<DType::f32>, dec::row_max, dec::exp2_sum, dec::pv<DType::f32>};
+  static const DecodeKernels f16{"avx512", false, dec::scores<DType::f16>, dec::row_max, dec::exp2_sum, dec::pv<DType::f16>};
+  static const DecodeKernels bf16{"avx512", false, dec::scores<DType::bf16>, dec::row_max, dec::exp2_sum,
+                                  dec::pv<DType::bf16>};
+  if (avx512_kernels() == nullptr || d % dec::kLanes != 0) return nullptr;
+  switch (storage) {
+    case DType::f32: return &f32;
+    case DType::f16: return &f16;
+    case DType::bf16: return &bf16;
+    default: return nullptr;
+  }
+}
+
 }  // namespace cpu
 }  // namespace flashattn
 
@@ -231,6 +248,7 @@ const TileKernels* avx512_kernels() {
 namespace flashattn {
 namespace cpu {
 const TileKernels* avx512_kernels() { return nullptr; }
+const DecodeKernels* avx512_decode_kernels(DType, int) { return nullptr; }
 }  // namespace cpu
 }  // namespace flashattn
 

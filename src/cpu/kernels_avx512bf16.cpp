@@ -10,6 +10,7 @@
 #include "cpu/kernels.h"
 
 #include "cpu/avx512_bf16_tiles.h"
+#include "cpu/avx512_decode.h"
 
 #ifdef FLASHATTN_HAVE_AVX512_KERNELS
 #include <cstdint>
@@ -118,6 +119,42 @@ FA_AVX512_BF16 void pv(const uint16_t* p, int rows_pad, int n, const uint16_t* v
 
 void no_tile_state() {}
 
+// ---- decode (D-72): scores with VDPBF16PS on the stored bf16 q and K rows ----------------------
+
+// Scores of H heads (H <= avx512_decode::kHeads): each zmm of a key row is 16 pairs of head-dim
+// columns against the same pairs of q; the 16 partial sums fold as in the fp32 scores.
+template <int H>
+FA_AVX512_BF16 void decode_scores_heads(const uint16_t* q, int d, const void* const* k_rows, int keys, float* s) {
+  using avx512_decode::kScoreKeys;
+  for (int j0 = 0; j0 < keys; j0 += kScoreKeys) {
+    const void* k[kScoreKeys];
+    avx512_decode::score_block_rows(k_rows, keys, j0, k);
+    __m512 acc[avx512_decode::kHeads][kScoreKeys];
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < kScoreKeys; ++i) acc[h][i] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += kBf16Pair) {
+      __m512i kv[kScoreKeys];
+      for (int i = 0; i < kScoreKeys; ++i) kv[i] = _mm512_loadu_si512(static_cast<const uint16_t*>(k[i]) + c);
+      for (int h = 0; h < H; ++h) {
+        const __m512i qv = _mm512_loadu_si512(q + size_t(h) * d + c);
+        for (int i = 0; i < kScoreKeys; ++i) acc[h][i] = dot_pairs(acc[h][i], qv, kv[i]);
+      }
+    }
+    avx512_decode::store_score_block<H>(acc, s, j0);
+  }
+}
+
+template <int H>
+struct DecodeScoreGroup {
+  FA_AVX512_BF16 static void run(int h0, const uint16_t* q, int d, const void* const* k_rows, int keys, float* s) {
+    decode_scores_heads<H>(q + size_t(h0) * d, d, k_rows, keys, s + h0 * kDecodeKeys);
+  }
+};
+
+FA_AVX512_BF16 void decode_scores(const void* q, int heads, int d, const void* const* k_rows, int keys, float* s) {
+  avx512_decode::by_head_groups<DecodeScoreGroup>(heads, static_cast<const uint16_t*>(q), d, k_rows, keys, s);
+}
+
 }  // namespace
 
 const Bf16Kernels* avx512bf16_kernels() {
@@ -128,6 +165,14 @@ const Bf16Kernels* avx512bf16_kernels() {
   return usable ? &kernels : nullptr;
 }
 
+// Decode (D-72): bf16 K/V with d a multiple of 32; P.V and the softmax passes are the AVX-512
+// set's.
+const DecodeKernels* avx512bf16_decode_kernels(DType storage, int d) {
+  static const DecodeKernels kernels{"avx512bf16", true, decode_scores, avx512_decode::row_max,
+                                     avx512_decode::exp2_sum, avx512_decode::pv<DType::bf16>};
+  return avx512bf16_kernels() != nullptr && storage == DType::bf16 && d % kBf16Pair == 0 ? &kernels : nullptr;
+}
+
 }  // namespace cpu
 }  // namespace flashattn
 
@@ -136,6 +181,7 @@ const Bf16Kernels* avx512bf16_kernels() {
 namespace flashattn {
 namespace cpu {
 const Bf16Kernels* avx512bf16_kernels() { return nullptr; }
+const DecodeKernels* avx512bf16_decode_kernels(DType, int) { return nullptr; }
 }  // namespace cpu
 }  // namespace flashattn
 

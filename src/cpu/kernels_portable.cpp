@@ -8,6 +8,7 @@
 
 #include "common/half.h"
 #include "cpu/kernels.h"
+#include "cpu/storage.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -77,6 +78,67 @@ void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int
   }
 }
 
+
+// ---- decode (D-72): plain loops over the rows as stored ------------------------------------------
+
+template <typename S>
+void decode_scores(const void* q, int heads, int d, const void* const* k_rows, int keys, float* s) {
+  using T = typename S::Element;
+  const float* q32 = static_cast<const float*>(q);
+  for (int j = 0; j < keys; ++j) {
+    const T* k = static_cast<const T*>(k_rows[j]);
+    for (int h = 0; h < heads; ++h) {
+      const float* qh = q32 + size_t(h) * d;
+      float acc = 0.0f;
+      for (int c = 0; c < d; ++c) acc += qh[c] * S::load(k[c]);
+      s[h * kDecodeKeys + j] = acc;
+    }
+  }
+}
+
+void decode_row_max(const float* s, int heads, int keys, float* out) {
+  for (int h = 0; h < heads; ++h) {
+    float m = -INFINITY;
+    // A NaN score fails the comparison and leaves the max as it was.
+    for (int j = 0; j < keys; ++j) m = s[h * kDecodeKeys + j] > m ? s[h * kDecodeKeys + j] : m;
+    out[h] = m;
+  }
+}
+
+void decode_exp2_sum(float* s, int heads, int keys, float scale_log2, const float* offset, float* sum) {
+  for (int h = 0; h < heads; ++h) {
+    float* row = s + h * kDecodeKeys;
+    float total = 0.0f;
+    for (int j = 0; j < keys; ++j) {
+      row[j] = std::exp2(row[j] * scale_log2 - offset[h]);
+      total += row[j];
+    }
+    std::fill(row + keys, row + kDecodeKeys, 0.0f);
+    sum[h] = total;
+  }
+}
+
+template <typename S>
+void decode_pv(const float* s, int heads, const void* const* v_rows, int keys, int d, const float* factor,
+               float* o) {
+  using T = typename S::Element;
+  for (int h = 0; h < heads; ++h) {
+    float* out = o + size_t(h) * d;
+    for (int c = 0; c < d; ++c) out[c] *= factor[h];
+    for (int j = 0; j < keys; ++j) {
+      const float p = s[h * kDecodeKeys + j];
+      const T* v = static_cast<const T*>(v_rows[j]);
+      for (int c = 0; c < d; ++c) out[c] += p * S::load(v[c]);
+    }
+  }
+}
+
+template <typename S>
+const DecodeKernels* portable_decode_set(const char* name) {
+  static const DecodeKernels kernels{name, false, decode_scores<S>, decode_row_max, decode_exp2_sum, decode_pv<S>};
+  return &kernels;
+}
+
 // FLASHATTN_KERNEL=...,cpu=portable|avx2|avx512|avx512bf16|amx (tests) caps the kernel set.
 KernelLevel highest_allowed_level() {
   switch (kernel_override_from_env().cpu_kernels) {
@@ -109,6 +171,28 @@ const TileKernels& tile_kernels() {
     return portable_kernels();
   }();
   return chosen;
+}
+
+const DecodeKernels* portable_decode_kernels(DType storage) {
+  switch (storage) {
+    case DType::f32: return portable_decode_set<Storage<DType::f32>>("portable");
+    case DType::f16: return portable_decode_set<Storage<DType::f16>>("portable");
+    case DType::bf16: return portable_decode_set<Storage<DType::bf16>>("portable");
+    default: return nullptr;
+  }
+}
+
+const DecodeKernels& decode_kernels(DType storage, int d) {
+  if (kernel_level_allowed(KernelLevel::avx512bf16)) {
+    if (const DecodeKernels* set = avx512bf16_decode_kernels(storage, d)) return *set;
+  }
+  if (kernel_level_allowed(KernelLevel::avx512)) {
+    if (const DecodeKernels* set = avx512_decode_kernels(storage, d)) return *set;
+  }
+  if (kernel_level_allowed(KernelLevel::avx2)) {
+    if (const DecodeKernels* set = avx2_decode_kernels(storage, d)) return *set;
+  }
+  return *portable_decode_kernels(storage);
 }
 
 const Bf16Kernels* bf16_kernels() {

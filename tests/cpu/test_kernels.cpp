@@ -7,6 +7,10 @@
 // The bf16 tile kernel sets (AMX, AVX512-BF16; no portable twin) against their definitions: the
 // pack layouts bit for bit, the row max exactly, both products within fp32 summation error of the
 // float64 sum of the bf16 products, P within bf16 rounding of exp2, the padding zero.
+// The decode kernel sets (portable, AVX2, AVX-512, AVX512-BF16; D-72) on K/V rows scattered in
+// memory, for each storage type: scores and P.V within fp32 summation error of the float64 sums,
+// the row max exactly (NaN ignored), P within exp2's error, zero past the block's keys, and
+// nothing written outside the heads' rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -522,5 +526,169 @@ INSTANTIATE_TEST_SUITE_P(Bf16Sets, CpuBf16KernelSet,
                          ::testing::Values(Bf16KernelSet{"avx512bf16", flashattn::cpu::avx512bf16_kernels},
                                            Bf16KernelSet{"amx", flashattn::cpu::amx_kernels}),
                          [](const ::testing::TestParamInfo<Bf16KernelSet>& info) { return std::string(info.param.name); });
+
+// ---- decode kernels (D-72) ---------------------------------------------------------------------
+
+using flashattn::DType;
+using flashattn::cpu::DecodeKernels;
+using flashattn::cpu::kDecodeKeys;
+
+struct DecodeSet {
+  const char* name;
+  const DecodeKernels* (*get)(DType storage, int d);
+};
+
+void PrintTo(const DecodeSet& set, std::ostream* os) { *os << set.name; }
+
+const DecodeKernels* portable_decode(DType storage, int) { return flashattn::cpu::portable_decode_kernels(storage); }
+
+// Values of a storage type: their bits (as stored) and their fp32 values.
+struct StoredRows {
+  DType storage;
+  std::vector<float> f32;      // storage f32: the rows; else their values
+  std::vector<uint16_t> bits;  // storage f16 / bf16
+  const void* row(size_t at) const {
+    return storage == DType::f32 ? static_cast<const void*>(&f32[at]) : static_cast<const void*>(&bits[at]);
+  }
+};
+
+StoredRows stored(DType storage, const std::vector<float>& x) {
+  StoredRows r{storage, x, {}};
+  if (storage == DType::f32) return r;
+  r.bits.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    r.bits[i] = storage == DType::bf16 ? float_to_bf16_bits(x[i]) : flashattn::float_to_half_bits(x[i]);
+    r.f32[i] = storage == DType::bf16 ? bf16_bits_to_float(r.bits[i]) : flashattn::half_bits_to_float(r.bits[i]);
+  }
+  return r;
+}
+
+class CpuDecodeSet : public ::testing::TestWithParam<DecodeSet> {
+ protected:
+  // The set for (storage, d), or nullptr where it does not serve them (checked to be only where
+  // the CPU lacks the set or d is not a multiple of its vector).
+  const DecodeKernels* set(DType storage, int d) const { return GetParam().get(storage, d); }
+  bool any_served() const {
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+      if (set(t, 128) != nullptr) return true;
+    }
+    return false;
+  }
+};
+
+constexpr DType kDecodeStorages[] = {DType::f32, DType::f16, DType::bf16};
+
+// keys rows of d elements, each at its own place in one buffer (stride d + 48, reversed), as
+// paged rows are.
+std::vector<const void*> scattered_rows(const StoredRows& rows, int keys, int d) {
+  std::vector<const void*> out(static_cast<size_t>(keys));
+  for (int j = 0; j < keys; ++j) out[size_t(j)] = rows.row(size_t(keys - 1 - j) * (d + 48));
+  return out;
+}
+
+TEST_P(CpuDecodeSet, ScoresMaxExp2AndPv) {
+  if (!any_served()) GTEST_SKIP() << "no " << GetParam().name << " on this CPU (or not compiled in)";
+  int checked = 0;
+  for (DType storage : kDecodeStorages) {
+    for (int d : {32, 64, 128, 96, 48, 40}) {
+      const DecodeKernels* k = set(storage, d);
+      if (k == nullptr) continue;
+      ASSERT_STREQ(k->name, GetParam().name);
+      for (int heads : {1, 2, 3, 4, 5, 8}) {
+        for (int keys : {1, 3, 4, 5, 15, 16}) {
+          ++checked;
+          const std::string at = "storage=" + std::to_string(int(storage)) + " d=" + std::to_string(d) +
+                                 " heads=" + std::to_string(heads) + " keys=" + std::to_string(keys);
+          const uint32_t seed = uint32_t(d * 131 + heads * 17 + keys);
+          const StoredRows kr = stored(storage, random_floats(size_t(keys) * (d + 48), seed));
+          const StoredRows vr = stored(storage, random_floats(size_t(keys) * (d + 48), seed + 1));
+          const std::vector<const void*> k_rows = scattered_rows(kr, keys, d), v_rows = scattered_rows(vr, keys, d);
+          // q: bf16 values (exact in bf16 and fp32), given as the set takes them.
+          const StoredRows q = stored(DType::bf16, random_floats(size_t(heads) * d, seed + 2));
+          const void* q_arg = k->bf16_query ? static_cast<const void*>(q.bits.data()) : q.f32.data();
+          std::vector<float> s(size_t(heads + 1) * kDecodeKeys, -7.0f);
+          k->scores(q_arg, heads, d, k_rows.data(), keys, s.data());
+          auto value = [&](const StoredRows& r, int j, int c) { return r.f32[size_t(keys - 1 - j) * (d + 48) + c]; };
+          for (int h = 0; h < heads; ++h) {
+            for (int j = 0; j < keys; ++j) {
+              double exact = 0.0, magnitude = 0.0;
+              for (int c = 0; c < d; ++c) {
+                const double term = double(q.f32[size_t(h) * d + c]) * value(kr, j, c);
+                exact += term, magnitude += std::fabs(term);
+              }
+              ASSERT_NEAR(s[size_t(h) * kDecodeKeys + j], exact, 2 * d * 0x1p-24 * magnitude) << at << " h=" << h << " j=" << j;
+            }
+          }
+          for (int i = heads * kDecodeKeys; i < (heads + 1) * kDecodeKeys; ++i) ASSERT_EQ(s[size_t(i)], -7.0f) << at;
+          if (heads > 1 && keys > 1) s[kDecodeKeys + 1] = std::numeric_limits<float>::quiet_NaN();  // head 1, key 1
+          std::vector<float> row_max(static_cast<size_t>(heads)), offset(row_max), sum(row_max);
+          k->row_max(s.data(), heads, keys, row_max.data());
+          for (int h = 0; h < heads; ++h) {
+            float want = -INFINITY;
+            for (int j = 0; j < keys; ++j) {
+              const float x = s[size_t(h) * kDecodeKeys + j];
+              if (x > want) want = x;
+            }
+            ASSERT_EQ(row_max[size_t(h)], want) << at << " h=" << h;
+            offset[size_t(h)] = row_max[size_t(h)] * 0.125f;
+          }
+          const std::vector<float> scores = s;
+          k->exp2_sum(s.data(), heads, keys, 0.125f, offset.data(), sum.data());
+          for (int h = 0; h < heads; ++h) {
+            double total = 0.0;
+            for (int j = 0; j < kDecodeKeys; ++j) {
+              const float got = s[size_t(h) * kDecodeKeys + j];
+              if (j >= keys) {
+                ASSERT_EQ(got, 0.0f) << at << " past the keys, h=" << h << " j=" << j;
+                continue;
+              }
+              const double want = std::exp2(double(scores[size_t(h) * kDecodeKeys + j]) * 0.125 - offset[size_t(h)]);
+              if (std::isnan(want)) {
+                ASSERT_TRUE(std::isnan(got)) << at << " h=" << h << " j=" << j;
+              } else {
+                ASSERT_NEAR(got, want, 2e-6 * want + 1e-30) << at << " h=" << h << " j=" << j;
+              }
+              total += want;
+            }
+            if (std::isnan(total)) {
+              ASSERT_TRUE(std::isnan(sum[size_t(h)])) << at << " a NaN score makes the sum NaN, h=" << h;
+            } else {
+              ASSERT_NEAR(sum[size_t(h)], total, 1e-5 * total) << at << " h=" << h;
+            }
+          }
+          if (heads > 1 && keys > 1) s[kDecodeKeys + 1] = 0.5f;  // P.V below on finite P
+          std::vector<float> factor(static_cast<size_t>(heads));
+          for (int h = 0; h < heads; ++h) factor[size_t(h)] = 0.25f * float(h + 1);
+          const std::vector<float> o = random_floats(size_t(heads + 1) * d, seed + 3);
+          std::vector<float> got(o);
+          k->pv(s.data(), heads, v_rows.data(), keys, d, factor.data(), got.data());
+          for (int h = 0; h < heads + 1; ++h) {
+            for (int c = 0; c < d; ++c) {
+              const size_t i = size_t(h) * d + c;
+              if (h == heads) {
+                ASSERT_EQ(to_bits(got[i]), to_bits(o[i])) << at << " wrote outside, c=" << c;
+                continue;
+              }
+              double exact = double(o[i]) * factor[size_t(h)], magnitude = std::fabs(exact);
+              for (int j = 0; j < keys; ++j) {
+                const double term = double(s[size_t(h) * kDecodeKeys + j]) * value(vr, j, c);
+                exact += term, magnitude += std::fabs(term);
+              }
+              ASSERT_NEAR(got[i], exact, 2 * (keys + 1) * 0x1p-24 * magnitude) << at << " h=" << h << " c=" << c;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(DecodeSets, CpuDecodeSet,
+                         ::testing::Values(DecodeSet{"portable", portable_decode},
+                                           DecodeSet{"avx2", flashattn::cpu::avx2_decode_kernels},
+                                           DecodeSet{"avx512", flashattn::cpu::avx512_decode_kernels},
+                                           DecodeSet{"avx512bf16", flashattn::cpu::avx512bf16_decode_kernels}),
+                         [](const ::testing::TestParamInfo<DecodeSet>& info) { return std::string(info.param.name); });
 
 }  // namespace
