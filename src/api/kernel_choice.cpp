@@ -41,6 +41,7 @@ Work work_of(const Problem& p, bool pack_gqa) {
 int planned_splits(const Problem& p, const Work& w, int requested, int processors) {
   if (p.seqlen_q == 0 || p.batch == 0) return 1;
   if (requested > 0) return std::min(requested, kMaxSplits);
+  if (p.device == Device::cpu && p.seqlen_q == 1) return cpu_decode_splits(p.batch, processors, w.key_tiles, kMaxSplits);
   return num_splits_heuristic(int(std::min<int64_t>(w.work_tiles, 1 << 30)), processors, w.key_tiles, kMaxSplits);
 }
 
@@ -190,6 +191,21 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
 }
 
 }  // namespace
+
+int cpu_decode_splits(int sequences, int threads, int key_tiles, int max_splits) {
+  if (sequences <= 0 || threads <= 0 || key_tiles <= 1) return 1;
+  max_splits = std::min(max_splits, key_tiles);
+  auto efficiency = [&](int s) {
+    const double waves = double(sequences) * s / threads;
+    return waves / std::ceil(waves);
+  };
+  int best = 1;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (efficiency(s) >= kSplitEfficiencyFraction) return s;
+    if (efficiency(s) > efficiency(best)) best = s;
+  }
+  return best;
+}
 
 int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits) {
   if (work_tiles <= 0 || processors <= 0 || key_tiles <= 1) return 1;

@@ -41,6 +41,12 @@ struct KernelChoice {
 // processors: DeviceFacts::processors; key_tiles: K/V tiles of the longest sequence.
 int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_splits);
 
+// The CPU decode walk's split count (D-72): its work items are (sequence, split) pairs, each
+// over all KV heads of its keys, taken by `threads` threads; the fewest splits (the longest
+// contiguous key ranges) whose items fill the threads' rounds to kSplitEfficiencyFraction, else
+// the split count that fills them best (at most max_splits and key_tiles).
+int cpu_decode_splits(int sequences, int threads, int key_tiles, int max_splits);
+
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k);
 
 // Whether TMA descriptors can describe q, k and v of a dense call as (rows, d, heads, batch)

@@ -103,6 +103,15 @@ struct Scratch {
   AlignedVector<uint16_t> k_vnni, v_vnni;  // blocks of (d/2, n, 2) / (n/2, d, 2), a step's tiles
   AlignedVector<float> s;                  // (kBlockM, step keys)  scores, row-major
   AlignedVector<uint16_t> p16;             // (kBlockM, step keys)  probabilities
+  // decode walk (D-72), sized for (heads, d) by allocate_decode:
+  int decode_heads = 0, decode_d = 0, decode_heads_k = 0;
+  AlignedVector<float> dq;                  // (heads, d)  query rows, fp32
+  AlignedVector<uint16_t> dq16;             // (heads, d)  query rows as stored (bf16 scores)
+  AlignedVector<float> dout;                // (heads, d)  unnormalised output rows
+  std::vector<SoftmaxRowState> dstate;      // (heads)
+  AlignedVector<float> ds;                  // (heads per KV head, kDecodeKeys)  scores / probabilities
+  std::vector<const char*> k_base, v_base;  // (kDecodeKeys) the block's K / V rows of KV head 0
+  std::vector<const void*> dk_rows, dv_rows;  // (kDecodeKeys) the rows of one KV head
 };
 
 // The bf16 walk takes up to kBf16TilesPerStep key tiles per online-softmax step (D-53, AMX):
@@ -451,8 +460,32 @@ void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, 
   if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
 }
 
-// o / sum into out (storage dtype) and lse, or into the split partials (SoftmaxRowState
-// finish: a row that saw no key gets output 0 and lse -inf, a NaN row NaN).
+// One finished row: o_row / sum into out (storage dtype) and lse, or into the split partials of
+// `split` (SoftmaxRowState finish: a row that saw no key gets output 0 and lse -inf, a NaN row
+// NaN). o_row (d fp32) may be overwritten.
+template <typename S>
+void store_row_result(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, int b, int split,
+                      int query, int head, const SoftmaxResult& result, float* o_row, int d) {
+  using T = typename S::Element;
+  if (std::is_same<S, Storage<DType::bf16>>::value && p.num_splits <= 1) {
+    uint16_t* out = static_cast<uint16_t*>(p.o) + o_offset(p, seq, b, query, head);
+    kern.scaled_to_bf16(o_row, d, result.out_scale, out);
+    if (p.lse) p.lse[lse_offset(p, seq, b, query, head)] = result.lse;
+    return;
+  }
+  for (int c = 0; c < d; ++c) o_row[c] *= result.out_scale;
+  if (p.num_splits > 1) {
+    const int64_t acc = accum_row(p, split, b, head, query);
+    std::copy(o_row, o_row + d, p.o_accum + acc * d);
+    p.lse_accum[acc] = result.lse;
+  } else {
+    T* out = static_cast<T*>(p.o) + o_offset(p, seq, b, query, head);
+    store_row<S>(o_row, d, out);
+    if (p.lse) p.lse[lse_offset(p, seq, b, query, head)] = result.lse;
+  }
+}
+
+// The tile's rows into out and lse, or into the split partials (store_row_result).
 template <typename S>
 void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const WorkItem& w,
            const ScoreUnits& units, int rows, const TileShape& t, Scratch& ws) {
@@ -464,24 +497,8 @@ void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, con
   }
   for (int r = 0; r < rows; ++r) {
     const TileRow& row = ws.rows[r];
-    float* o_row = &ws.o[size_t(r) * t.d_pad];
-    const SoftmaxResult result = ws.state[r].finish(units.raw_scale);
-    if (std::is_same<S, Storage<DType::bf16>>::value && p.num_splits <= 1) {
-      uint16_t* out = static_cast<uint16_t*>(p.o) + o_offset(p, seq, w.b, row.query, row.head);
-      kern.scaled_to_bf16(o_row, t.d, result.out_scale, out);
-      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = result.lse;
-      continue;
-    }
-    for (int c = 0; c < t.d; ++c) o_row[c] *= result.out_scale;
-    if (p.num_splits > 1) {
-      const int64_t acc = accum_row(p, w.split, w.b, row.head, row.query);
-      std::copy(o_row, o_row + t.d, p.o_accum + acc * t.d);
-      p.lse_accum[acc] = result.lse;
-    } else {
-      T* out = static_cast<T*>(p.o) + o_offset(p, seq, w.b, row.query, row.head);
-      store_row<S>(o_row, t.d, out);
-      if (p.lse) p.lse[lse_offset(p, seq, w.b, row.query, row.head)] = result.lse;
-    }
+    store_row_result<S>(p, kern, seq, w.b, w.split, row.query, row.head, ws.state[r].finish(units.raw_scale),
+                        &ws.o[size_t(r) * t.d_pad], t.d);
   }
 }
 
@@ -623,6 +640,164 @@ void run_work_item_bf16(const AttnParams& p, const TileKernels& kern, const Bf16
   store<Bf16>(p, kern, seq, w, units, rows, t, ws);
 }
 
+// ---- decode walk (D-72) ---------------------------------------------------------------------
+//
+// One query row per sequence: a work item is (sequence b, split) over all KV heads. It walks the
+// split's keys in blocks of kDecodeKeys, and for each block and KV head runs the decode kernels
+// (kernels.h) on the K and V rows where they are stored, for all the query heads of that KV head
+// at once: each K and V row is read once per call, and a block's rows of all KV heads (in a
+// (b, s, h, d) cache one contiguous run per key, in a paged one runs within a page) are read
+// together. The splits are the tile walk's: split_tiles over the key tiles (splitkv_block_n) that
+// the row sees, so that the partials merge as the GPU's do.
+
+// The walk serves one query row per sequence with K/V and q stored in the compute type (FP8 keeps
+// the tile walk) and plain q.k scores (no softcap, no ALiBi: ScoreUnits::logits false).
+bool use_decode_walk(const AttnParams& p, const ScoreUnits& units) {
+  return p.seqlen_q == 1 && !units.logits && p.q_storage == p.dtype && p.kv_storage == p.dtype;
+}
+
+// Blocks ahead whose K/V rows are prefetched (D-56, D-72).
+constexpr int kDecodePrefetchBlocks = 4;
+
+void allocate_decode(Scratch& ws, const AttnParams& p) {
+  const int heads = p.num_heads, d = p.head_dim;
+  if (ws.decode_heads == heads && ws.decode_d == d && ws.decode_heads_k == p.num_heads_k) return;
+  ws.decode_heads = heads, ws.decode_d = d, ws.decode_heads_k = p.num_heads_k;
+  ws.dq.assign(size_t(heads) * d, 0.0f);
+  ws.dq16.assign(size_t(heads) * d, 0);
+  ws.dout.assign(size_t(heads) * d, 0.0f);
+  ws.dstate.assign(heads, SoftmaxRowState::empty());
+  ws.ds.assign(size_t(heads_per_kv_head(p)) * kDecodeKeys, 0.0f);
+  for (auto* v : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
+    if (int(v->size()) < heads) v->assign(heads, 0.0f);
+  }
+  ws.k_base.assign(kDecodeKeys, nullptr);
+  ws.v_base.assign(kDecodeKeys, nullptr);
+  ws.dk_rows.assign(kDecodeKeys, nullptr);
+  ws.dv_rows.assign(kDecodeKeys, nullptr);
+}
+
+// The keys [lo, hi) of split `split` of sequence b: the key tiles of its visible range cut by
+// split_tiles, clipped to the visible range (one query row: every head sees the same keys).
+KeyRange decode_keys(const AttnParams& p, const SeqInfo& seq, int split) {
+  const int n = splitkv_block_n(p.head_dim);
+  const KeyRange visible = visible_keys(p, 0, seq.seqlen_q, seq.seqlen_k);
+  const int tile_lo = visible.lo / n;
+  const int tile_hi = visible.hi > visible.lo ? ceil_div(visible.hi, n) : tile_lo;
+  const KeyRange tiles = p.num_splits > 1 ? split_tiles(split, p.num_splits, tile_lo, tile_hi) : KeyRange{tile_lo, tile_hi};
+  const int lo = std::max(tiles.lo * n, visible.lo);
+  return KeyRange{lo, std::max(std::min(tiles.hi * n, visible.hi), lo)};
+}
+
+// The query rows of sequence b, as the decode kernels take them: fp32, or the stored bf16 bits.
+template <typename S>
+void load_decode_q(const AttnParams& p, const SeqInfo& seq, int b, const DecodeKernels& dk, Scratch& ws) {
+  using T = typename S::Element;
+  const T* q = static_cast<const T*>(p.q);
+  const int d = p.head_dim;
+  for (int head = 0; head < p.num_heads; ++head) {
+    const T* row = q + q_offset(p, seq, b, 0, head);
+    if constexpr (std::is_same_v<S, Bf16>) {
+      if (dk.bf16_query) {
+        std::copy_n(row, d, &ws.dq16[size_t(head) * d]);
+        continue;
+      }
+    }
+    load_row<S>(row, d, &ws.dq[size_t(head) * d]);
+  }
+}
+
+// Byte address of key j's K or V row of KV head 0 (pages read in place).
+const char* decode_row(const AttnParams& p, const SeqInfo& seq, int b, int j, const void* base, int64_t batch_stride,
+                       int64_t row_stride, int64_t head_stride, size_t elem) {
+  return static_cast<const char*>(base) + elem * kv_row_offset(p, seq, b, j, batch_stride, row_stride, head_stride, 0);
+}
+
+// The K and V rows of all KV heads of keys [j0, j1) into the caches, ahead of their block (D-56).
+void prefetch_decode_keys(const AttnParams& p, const SeqInfo& seq, int b, int j0, int j1, size_t elem) {
+  const size_t row_bytes = size_t(p.head_dim) * elem;
+  for (int j = j0; j < j1; ++j) {
+    const char* k = decode_row(p, seq, b, j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, elem);
+    const char* v = decode_row(p, seq, b, j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, elem);
+    for (int hk = 0; hk < p.num_heads_k; ++hk) {
+      const char* k_head = k + elem * hk * p.k_head_stride;
+      const char* v_head = v + elem * hk * p.v_head_stride;
+      for (size_t byte = 0; byte < row_bytes; byte += kCacheLineBytes) {
+        __builtin_prefetch(k_head + byte, 0, 2);
+        __builtin_prefetch(v_head + byte, 0, 2);
+      }
+    }
+  }
+}
+
+// One block of `keys` keys for the g query heads of KV head hk (rows in ws.dk_rows / dv_rows):
+// scores, the online-softmax step of each head's SoftmaxRowState, P.V into the heads' rows.
+void decode_block_step(const AttnParams& p, const DecodeKernels& dk, const ScoreUnits& units, int hk, int keys,
+                       Scratch& ws) {
+  const int g = heads_per_kv_head(p), d = p.head_dim, h0 = hk * g;
+  const void* q = dk.bf16_query ? static_cast<const void*>(&ws.dq16[size_t(h0) * d])
+                                : static_cast<const void*>(&ws.dq[size_t(h0) * d]);
+  dk.scores(q, g, d, ws.dk_rows.data(), keys, ws.ds.data());
+  dk.row_max(ws.ds.data(), g, keys, ws.tile_max.data());
+  for (int h = 0; h < g; ++h) {
+    SoftmaxRowState& state = ws.dstate[h0 + h];
+    ws.correction[h] = state.raise_max(std::max(state.max, ws.tile_max[h]), units.scale_log2);
+    ws.offset[h] = state.exp2_offset(units.scale_log2);
+  }
+  dk.exp2_sum(ws.ds.data(), g, keys, units.scale_log2, ws.offset.data(), ws.tile_sum.data());
+  for (int h = 0; h < g; ++h) ws.dstate[h0 + h].sum += ws.tile_sum[h];
+  dk.pv(ws.ds.data(), g, ws.dv_rows.data(), keys, d, ws.correction.data(), &ws.dout[size_t(h0) * d]);
+}
+
+template <typename S>
+void run_decode_item(const AttnParams& p, const TileKernels& kern, const DecodeKernels& dk, const ScoreUnits& units,
+                     int b, int split, Scratch& ws) {
+  constexpr size_t elem = sizeof(typename S::Element);
+  const SeqInfo seq = seq_info(p, b);
+  if (seq.seqlen_q < 1) return;  // varlen: a sequence without a query row
+  const KeyRange keys = decode_keys(p, seq, split);
+  const int d = p.head_dim;
+  load_decode_q<S>(p, seq, b, dk, ws);
+  std::fill(ws.dout.begin(), ws.dout.end(), 0.0f);
+  std::fill(ws.dstate.begin(), ws.dstate.end(), SoftmaxRowState::empty());
+  prefetch_decode_keys(p, seq, b, keys.lo, std::min(keys.hi, keys.lo + kDecodePrefetchBlocks * kDecodeKeys), elem);
+  for (int j0 = keys.lo; j0 < keys.hi; j0 += kDecodeKeys) {
+    const int n = std::min(kDecodeKeys, keys.hi - j0);
+    const int ahead = j0 + kDecodePrefetchBlocks * kDecodeKeys;
+    prefetch_decode_keys(p, seq, b, std::min(ahead, keys.hi), std::min(ahead + kDecodeKeys, keys.hi), elem);
+    for (int j = 0; j < n; ++j) {
+      ws.k_base[j] = decode_row(p, seq, b, j0 + j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, elem);
+      ws.v_base[j] = decode_row(p, seq, b, j0 + j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, elem);
+    }
+    for (int hk = 0; hk < p.num_heads_k; ++hk) {
+      for (int j = 0; j < n; ++j) {
+        ws.dk_rows[j] = ws.k_base[j] + elem * hk * p.k_head_stride;
+        ws.dv_rows[j] = ws.v_base[j] + elem * hk * p.v_head_stride;
+      }
+      decode_block_step(p, dk, units, hk, n, ws);
+    }
+  }
+  for (int head = 0; head < p.num_heads; ++head) {
+    store_row_result<S>(p, kern, seq, b, split, 0, head, ws.dstate[head].finish(units.raw_scale),
+                        &ws.dout[size_t(head) * d], d);
+  }
+}
+
+template <typename S>
+void run_decode(const AttnParams& p, const ScoreUnits& units) {
+  const TileKernels& kern = tile_kernels();
+  const DecodeKernels& dk = decode_kernels(p.dtype, p.head_dim);
+  const int splits = std::max(p.num_splits, 1);
+  const int64_t items = int64_t(p.batch) * splits;
+  const int workers = resolve_threads(p.num_threads, items);
+  CallScratch scratch(workers);
+  parallel_for(items, workers, [&](int64_t item, int worker) {
+    Scratch& ws = scratch.of(worker);
+    allocate_decode(ws, p);
+    run_decode_item<S>(p, kern, dk, units, int(item / splits), int(item % splits), ws);
+  });
+}
+
 // Every (b, unit, query tile, split) with at least one row; varlen sequences differ in length.
 // The items of one (b, unit) are consecutive, so that its K and V stay in L2 from one query
 // tile to the next, and within it the last query tiles come first: under a causal mask they
@@ -688,6 +863,11 @@ template <typename S, typename QS, typename KS>
 void run(const AttnParams& p) {
   const TileKernels& kern = tile_kernels();
   const ScoreUnits units = score_units(p);
+  if (use_decode_walk(p, units)) {
+    run_decode<S>(p, units);
+    if (p.num_splits > 1) combine<S>(p);
+    return;
+  }
   const TileShape shape = tile_shape(p);
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));

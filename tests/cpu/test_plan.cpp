@@ -46,6 +46,23 @@ int fa2_splits(int64_t work, int processors, int key_tiles) {
   return 1;
 }
 
+// CPU decode (one query row per sequence, docs/DECISIONS.md D-72): the work items are (sequence,
+// split) pairs, each over all KV heads, so the rule counts the sequences: the fewest splits whose
+// items fill the threads' rounds to kEfficiencyFraction, else the best-filling count.
+int cpu_decode_splits(int sequences, int threads, int key_tiles) {
+  if (key_tiles <= 1) return 1;
+  const int max_splits = std::min(flashattn::kMaxSplits, key_tiles);
+  int best = 1;
+  double best_eff = 0.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    const double waves = double(sequences) * s / threads;
+    const double eff = waves / std::ceil(waves);
+    if (eff >= kEfficiencyFraction) return s;
+    if (eff > best_eff) best = s, best_eff = eff;
+  }
+  return best;
+}
+
 struct Shape {
   int b = 1, sq = 1, h = 1, hk = 1, d = 64, capacity = 1024;
   int page_size = 0;  // > 0: paged, capacity / page_size pages per sequence
@@ -115,7 +132,9 @@ TEST(Plan, HeuristicFollowsWaveEfficiencyRule) {
               const bool pack = h > hk && sq <= kPackGqaMaxSeqlenQ;
               const int rows = pack ? sq * (h / hk) : sq;
               const int64_t work = int64_t(b) * (pack ? hk : h) * ceil_div(rows, tile_rows(rows));
-              const int expected = fa2_splits(work, threads, ceil_div(capacity, block_n(d)));
+              const int key_tiles = ceil_div(capacity, block_n(d));
+              const int expected =
+                  sq == 1 ? cpu_decode_splits(b, threads, key_tiles) : fa2_splits(work, threads, key_tiles);
               const flashattn::Plan p = Problem(s, threads).plan();
               ASSERT_EQ(p.num_splits, expected)
                   << "b " << b << " h " << h << " hk " << hk << " sq " << sq << " cap " << capacity
