@@ -665,6 +665,18 @@ std::vector<KVCase> kvcache_split_cases(Device device) {
     c.page_size = 16;
     add(c);
   }
+  if (device == Device::cpu) {  // the CPU decode walk (D-72): GQA groups of 4, 5, 3 and 8 heads
+    add(decode(device, DType::bf16, 3, 32, 8, 128, 1001, 1));
+    KVCase f32 = decode(device, DType::f32, 2, 10, 2, 64, 777, 0);
+    f32.leftpad = true;
+    add(f32);
+    KVCase local = decode(device, DType::f16, 2, 6, 2, 96, 913, 1);
+    local.f = window(100, 0);
+    add(local);
+    KVCase gather = decode(device, DType::bf16, 3, 8, 1, 128, 517, 2);
+    gather.batch_idx = true;
+    add(gather);
+  }
   return v;
 }
 
@@ -712,6 +724,15 @@ std::vector<KVCase> kvcache_paging_cases(Device device) {
     KVCase c = decode(device, DType::bf16, 2, 8, 2, 128, 339, 1);  // FP8 cache
     c.fp8_cache = Fp8::per_head;
     add(c);
+  }
+  if (device == Device::cpu) {  // the CPU decode walk (D-72): pages cut its key blocks
+    add(decode(device, DType::bf16, 2, 12, 3, 128, 517, 1));
+    KVCase mha = decode(device, DType::f32, 3, 8, 8, 64, 203, 0);
+    mha.num_splits = 2;
+    add(mha);
+    KVCase half = decode(device, DType::f16, 2, 20, 4, 80, 389, 1);
+    half.f = window(70, 0);
+    add(half);
   }
   return v;
 }
