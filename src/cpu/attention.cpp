@@ -110,7 +110,6 @@ struct Scratch {
   AlignedVector<float> dout;                // (heads, d)  unnormalised output rows
   std::vector<SoftmaxRowState> dstate;      // (heads)
   AlignedVector<float> ds;                  // (heads per KV head, kDecodeKeys)  scores / probabilities
-  std::vector<const char*> k_base, v_base;  // (kDecodeKeys) the block's K / V rows of KV head 0
   std::vector<const void*> dk_rows, dv_rows;  // (kDecodeKeys) the rows of one KV head
 };
 
@@ -240,10 +239,15 @@ KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
   return KeyRange{tile_lo, tile_hi};
 }
 
+// The prefetch helpers below are always inlined: GCC's IPA pure-const analysis takes a function
+// whose only effects are __builtin_prefetch for one without effects and drops its calls (g++ 12
+// -O2 left none of the K/V prefetches of D-56 in the library; D-72).
+#define FA_PREFETCH_HELPER [[gnu::always_inline]] inline
+
 // Asks the caches for `bytes` bytes from `row`, for reading (write = false) or writing: the rows
 // of a query tile lie one (b, s, h, d) stride apart, where the hardware prefetchers do not look
 // ahead, so that a pass over them waits on memory row after row without this (D-69).
-inline void prefetch_row(const void* row, size_t bytes, bool write) {
+FA_PREFETCH_HELPER void prefetch_row(const void* row, size_t bytes, bool write) {
   const char* at = static_cast<const char*>(row);
   for (size_t byte = 0; byte < bytes; byte += kCacheLineBytes) {
     if (write) {
@@ -383,7 +387,7 @@ ScoreView row_major_scores(Scratch& ws, int width) { return ScoreView{ws.s.data(
 // key row is a short piece of a long stride (or of a page anywhere), which the hardware
 // prefetchers follow late; decode, which reads each key once, waits on memory without this.
 template <typename T>
-void prefetch_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
+FA_PREFETCH_HELPER void prefetch_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
                       const TileShape& t) {
   constexpr int kCacheLine = 64;
   const char* k = static_cast<const char*>(p.k);
@@ -405,7 +409,7 @@ void prefetch_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, in
 // computed.
 constexpr int kPrefetchTiles = 4;
 template <typename T>
-void prefetch_next_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n_block,
+FA_PREFETCH_HELPER void prefetch_next_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n_block,
                         const KeyRange& tiles, const TileShape& t) {
   if (n_block + kPrefetchTiles >= tiles.hi) return;
   const int n0 = (n_block + kPrefetchTiles) * t.n;
@@ -656,8 +660,8 @@ bool use_decode_walk(const AttnParams& p, const ScoreUnits& units) {
   return p.seqlen_q == 1 && !units.logits && p.q_storage == p.dtype && p.kv_storage == p.dtype;
 }
 
-// Blocks ahead whose K/V rows are prefetched (D-56, D-72).
-constexpr int kDecodePrefetchBlocks = 4;
+// Blocks ahead whose K/V rows are prefetched, KV head by KV head (D-56, D-72).
+constexpr int kDecodePrefetchBlocks = 1;
 
 void allocate_decode(Scratch& ws, const AttnParams& p) {
   const int heads = p.num_heads, d = p.head_dim;
@@ -671,8 +675,6 @@ void allocate_decode(Scratch& ws, const AttnParams& p) {
   for (auto* v : {&ws.tile_max, &ws.offset, &ws.tile_sum, &ws.correction}) {
     if (int(v->size()) < heads) v->assign(heads, 0.0f);
   }
-  ws.k_base.assign(kDecodeKeys, nullptr);
-  ws.v_base.assign(kDecodeKeys, nullptr);
   ws.dk_rows.assign(kDecodeKeys, nullptr);
   ws.dv_rows.assign(kDecodeKeys, nullptr);
 }
@@ -713,19 +715,35 @@ const char* decode_row(const AttnParams& p, const SeqInfo& seq, int b, int j, co
   return static_cast<const char*>(base) + elem * kv_row_offset(p, seq, b, j, batch_stride, row_stride, head_stride, 0);
 }
 
-// The K and V rows of all KV heads of keys [j0, j1) into the caches, ahead of their block (D-56).
-void prefetch_decode_keys(const AttnParams& p, const SeqInfo& seq, int b, int j0, int j1, size_t elem) {
+// The K and V rows of KV head 0 of a block of keys (byte addresses; pages read in place): KV
+// head hk's rows lie hk head strides further.
+struct DecodeBlockRows {
+  int keys = 0;
+  const char* k[kDecodeKeys];
+  const char* v[kDecodeKeys];
+};
+
+// Keys [j0, min(j0 + kDecodeKeys, j_end)) of sequence b (none where j0 >= j_end).
+void block_rows(const AttnParams& p, const SeqInfo& seq, int b, int j0, int j_end, size_t elem,
+                DecodeBlockRows& rows) {
+  rows.keys = std::max(0, std::min(kDecodeKeys, j_end - j0));
+  for (int j = 0; j < rows.keys; ++j) {
+    rows.k[j] = decode_row(p, seq, b, j0 + j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, elem);
+    rows.v[j] = decode_row(p, seq, b, j0 + j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, elem);
+  }
+}
+
+// KV head hk's K and V rows of a later block into the caches, one KV head per step of the current
+// block, so that the prefetches spread over the block's work (D-72: a burst of a whole block's
+// prefetches held the core until the memory returned them).
+FA_PREFETCH_HELPER void prefetch_head_rows(const AttnParams& p, const DecodeBlockRows& rows, int hk, size_t elem) {
   const size_t row_bytes = size_t(p.head_dim) * elem;
-  for (int j = j0; j < j1; ++j) {
-    const char* k = decode_row(p, seq, b, j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, elem);
-    const char* v = decode_row(p, seq, b, j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, elem);
-    for (int hk = 0; hk < p.num_heads_k; ++hk) {
-      const char* k_head = k + elem * hk * p.k_head_stride;
-      const char* v_head = v + elem * hk * p.v_head_stride;
-      for (size_t byte = 0; byte < row_bytes; byte += kCacheLineBytes) {
-        __builtin_prefetch(k_head + byte, 0, 2);
-        __builtin_prefetch(v_head + byte, 0, 2);
-      }
+  for (int j = 0; j < rows.keys; ++j) {
+    const char* k = rows.k[j] + elem * hk * p.k_head_stride;
+    const char* v = rows.v[j] + elem * hk * p.v_head_stride;
+    for (size_t byte = 0; byte < row_bytes; byte += kCacheLineBytes) {
+      __builtin_prefetch(k + byte, 0, 2);
+      __builtin_prefetch(v + byte, 0, 2);
     }
   }
 }
@@ -760,21 +778,17 @@ void run_decode_item(const AttnParams& p, const TileKernels& kern, const DecodeK
   load_decode_q<S>(p, seq, b, dk, ws);
   std::fill(ws.dout.begin(), ws.dout.end(), 0.0f);
   std::fill(ws.dstate.begin(), ws.dstate.end(), SoftmaxRowState::empty());
-  prefetch_decode_keys(p, seq, b, keys.lo, std::min(keys.hi, keys.lo + kDecodePrefetchBlocks * kDecodeKeys), elem);
+  DecodeBlockRows rows, ahead;
   for (int j0 = keys.lo; j0 < keys.hi; j0 += kDecodeKeys) {
-    const int n = std::min(kDecodeKeys, keys.hi - j0);
-    const int ahead = j0 + kDecodePrefetchBlocks * kDecodeKeys;
-    prefetch_decode_keys(p, seq, b, std::min(ahead, keys.hi), std::min(ahead + kDecodeKeys, keys.hi), elem);
-    for (int j = 0; j < n; ++j) {
-      ws.k_base[j] = decode_row(p, seq, b, j0 + j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, elem);
-      ws.v_base[j] = decode_row(p, seq, b, j0 + j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, elem);
-    }
+    block_rows(p, seq, b, j0, keys.hi, elem, rows);
+    block_rows(p, seq, b, j0 + kDecodePrefetchBlocks * kDecodeKeys, keys.hi, elem, ahead);
     for (int hk = 0; hk < p.num_heads_k; ++hk) {
-      for (int j = 0; j < n; ++j) {
-        ws.dk_rows[j] = ws.k_base[j] + elem * hk * p.k_head_stride;
-        ws.dv_rows[j] = ws.v_base[j] + elem * hk * p.v_head_stride;
+      prefetch_head_rows(p, ahead, hk, elem);
+      for (int j = 0; j < rows.keys; ++j) {
+        ws.dk_rows[j] = rows.k[j] + elem * hk * p.k_head_stride;
+        ws.dv_rows[j] = rows.v[j] + elem * hk * p.v_head_stride;
       }
-      decode_block_step(p, dk, units, hk, n, ws);
+      decode_block_step(p, dk, units, hk, rows.keys, ws);
     }
   }
   for (int head = 0; head < p.num_heads; ++head) {
