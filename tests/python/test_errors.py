@@ -243,7 +243,8 @@ def test_varlen_cu_seqlens_overflow_and_short_total(rng):
 def test_thread_start_failure_is_a_runtime_error():
     """In a child process allowed 2 MiB more address space than it uses, no helper thread's stack
     (8 MiB by default) fits: the call raises RuntimeError instead of aborting. The CPU backend
-    never runs more threads than the machine has, so set_num_threads(4000) alone cannot fail."""
+    never runs more threads than the machine has, so set_num_threads(4000) alone cannot fail.
+    Two query rows: one row would take the decode walk, whose work items are sequences (D-72)."""
     import subprocess
     import sys
     import textwrap
@@ -253,7 +254,7 @@ def test_thread_start_failure_is_a_runtime_error():
     code = textwrap.dedent("""
         import os, resource, numpy as np, flashattn
         flashattn.set_num_threads(4000)
-        q = np.ones((1, 1, 64, 16), np.float16)
+        q = np.ones((1, 2, 64, 16), np.float16)
         in_use = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGESIZE")
         resource.setrlimit(resource.RLIMIT_AS, (in_use + (2 << 20), in_use + (2 << 20)))
         try:
