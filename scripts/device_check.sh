@@ -138,6 +138,10 @@ stage_wheel() {
         python3 -m venv --system-site-packages --without-pip --clear "$venv"; } &&
       "$venv/bin/python" -m pip install --no-deps --no-index "$whl"; } >"$log" 2>&1 ||
     { tail -n 20 "$log"; return 1; }
+  # --system-site-packages reaches the base interpreter's packages only: where python3 is itself a
+  # venv (the GPU machine's torch lives in one), its site-packages go in through a .pth file.
+  python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
+    >"$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")/outer-python.pth"
   local IFS=:
   for d in $PATH; do [ -x "$d/nvcc" ] || [[ "$d" == */cuda*/bin ]] || path="${path:+$path:}$d"; done
   for d in ${LD_LIBRARY_PATH:-}; do [[ "$d" == *"$CARRY/prefix"* ]] || ldpath="${ldpath:+$ldpath:}$d"; done
