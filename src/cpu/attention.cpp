@@ -310,12 +310,47 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
 // once when several query tiles read each key tile (prefill): tile (b, hk, n_block) at block
 // first_tile[b] + hk * tiles[b] + n_block of tile_elems elements. Empty when every key tile is
 // read once (decode): each work item then converts its own tiles.
+//
+// Its storage is kept for the calling thread's next call, up to kKeptPackBytes per buffer
+// (D-74): a new buffer's pages are faulted in and zeroed by the kernel at their first touch,
+// which took about a tenth of a single-thread fp32 prefill.
+constexpr size_t kKeptPackBytes = size_t(64) << 20;
+
+template <typename T>
+struct KeptPack {
+  AlignedVector<T> k, v;
+};
+template <typename T>
+KeptPack<T>& kept_pack() {
+  thread_local KeptPack<T> kept;
+  return kept;
+}
+
 template <typename T>
 struct PackedKV {
   AlignedVector<T> k, v;
   std::vector<int64_t> first_tile;  // (batch)
   std::vector<int> tiles;           // (batch) key tiles of sequence b
   size_t tile_elems = 0;
+
+  PackedKV() = default;
+  PackedKV(PackedKV&&) = default;
+  PackedKV& operator=(PackedKV&&) = delete;
+  ~PackedKV() {  // the storage goes back to the thread (a moved-from one holds none)
+    KeptPack<T>& kept = kept_pack<T>();
+    if (k.capacity() * sizeof(T) <= kKeptPackBytes && k.capacity() > kept.k.capacity()) kept.k.swap(k);
+    if (v.capacity() * sizeof(T) <= kKeptPackBytes && v.capacity() > kept.v.capacity()) kept.v.swap(v);
+  }
+  // Takes the thread's kept storage and sizes it to `elems` per buffer (left uninitialised).
+  void allocate(size_t elems) {
+    KeptPack<T>& kept = kept_pack<T>();
+    k.swap(kept.k);
+    v.swap(kept.v);
+    k.clear();  // a larger size then reallocates without copying the old contents
+    v.clear();
+    k.resize(elems);
+    v.resize(elems);
+  }
 
   bool empty() const { return k.empty(); }
   size_t offset(int b, int hk, int n_block) const {
@@ -348,8 +383,7 @@ PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_ele
   if (total == 0) return packed;
   packed.tile_elems = tile_elems;
   // Left uninitialised (aligned.h): pack_tile writes every element that the kernels read.
-  packed.k.resize(size_t(total) * tile_elems);
-  packed.v.resize(size_t(total) * tile_elems);
+  packed.allocate(size_t(total) * tile_elems);
   parallel_for(total, resolve_threads(p.num_threads, total), [&](int64_t item, int worker) {
     // The sequence whose tiles hold `item` (sequences without keys hold none).
     const int b = int(std::upper_bound(packed.first_tile.begin(), packed.first_tile.end(), item) -
