@@ -192,13 +192,17 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
 
 }  // namespace
 
+// How full the last of the rounds is when `items` items run `processors` at a time (1 when they
+// come out even): the fraction of the rounds' slots that hold an item.
+double wave_efficiency(double items, int processors) {
+  const double waves = items / processors;
+  return waves / std::ceil(waves);
+}
+
 int cpu_decode_splits(int sequences, int threads, int key_tiles, int max_splits) {
   if (sequences <= 0 || threads <= 0 || key_tiles <= 1) return 1;
   max_splits = std::min(max_splits, key_tiles);
-  auto efficiency = [&](int s) {
-    const double waves = double(sequences) * s / threads;
-    return waves / std::ceil(waves);
-  };
+  auto efficiency = [&](int s) { return wave_efficiency(double(sequences) * s, threads); };
   int best = 1;
   for (int s = 1; s <= max_splits; ++s) {
     if (efficiency(s) >= kSplitEfficiencyFraction) return s;
@@ -213,10 +217,7 @@ int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_
   max_splits = std::min({max_splits, processors, key_tiles});
   // A split count is worth considering only if it changes the tiles per split.
   auto eligible = [&](int s) { return s == 1 || ceil_div(key_tiles, s) != ceil_div(key_tiles, s - 1); };
-  auto efficiency = [&](int s) {
-    const double waves = double(work_tiles) * s / processors;
-    return waves / std::ceil(waves);
-  };
+  auto efficiency = [&](int s) { return wave_efficiency(double(work_tiles) * s, processors); };
   double best = 0.0;
   for (int s = 1; s <= max_splits; ++s) {
     if (eligible(s)) best = std::max(best, efficiency(s));

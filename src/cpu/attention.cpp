@@ -228,15 +228,21 @@ int tile_rows(const AttnParams& p, const SeqInfo& seq, const WorkItem& w, Scratc
   return count;
 }
 
+// The key tiles [lo, hi) of block_n keys that split `split` walks of the visible keys `keys`
+// (split_tiles: the GPU's boundaries).
+KeyRange split_key_tiles(const AttnParams& p, const KeyRange& keys, int block_n, int split) {
+  const int tile_lo = keys.lo / block_n;
+  const int tile_hi = keys.hi > keys.lo ? ceil_div(keys.hi, block_n) : tile_lo;
+  if (p.num_splits > 1) return split_tiles(split, p.num_splits, tile_lo, tile_hi);
+  return KeyRange{tile_lo, tile_hi};
+}
+
 // The key tiles [lo, hi) this work item walks.
 KeyRange tile_range(const AttnParams& p, const SeqInfo& seq, const WorkItem& w,
                     const Scratch& ws, int rows, int block_n) {
   const KeyRange keys = visible_keys_of_rows(p, ws.rows[0].query, ws.rows[rows - 1].query + 1,
                                              seq.seqlen_q, seq.seqlen_k);
-  const int tile_lo = keys.lo / block_n;
-  const int tile_hi = keys.hi > keys.lo ? ceil_div(keys.hi, block_n) : tile_lo;
-  if (p.num_splits > 1) return split_tiles(w.split, p.num_splits, tile_lo, tile_hi);
-  return KeyRange{tile_lo, tile_hi};
+  return split_key_tiles(p, keys, block_n, w.split);
 }
 
 // The prefetch helpers below are always inlined: GCC's IPA pure-const analysis takes a function
@@ -718,9 +724,7 @@ void allocate_decode(Scratch& ws, const AttnParams& p) {
 KeyRange decode_keys(const AttnParams& p, const SeqInfo& seq, int split) {
   const int n = splitkv_block_n(p.head_dim);
   const KeyRange visible = visible_keys(p, 0, seq.seqlen_q, seq.seqlen_k);
-  const int tile_lo = visible.lo / n;
-  const int tile_hi = visible.hi > visible.lo ? ceil_div(visible.hi, n) : tile_lo;
-  const KeyRange tiles = p.num_splits > 1 ? split_tiles(split, p.num_splits, tile_lo, tile_hi) : KeyRange{tile_lo, tile_hi};
+  const KeyRange tiles = split_key_tiles(p, visible, n, split);
   const int lo = std::max(tiles.lo * n, visible.lo);
   return KeyRange{lo, std::max(std::min(tiles.hi * n, visible.hi), lo)};
 }
@@ -907,15 +911,10 @@ void combine(const AttnParams& p) {
   });
 }
 
+// The tile walk: every work item's query tile against its key tiles.
 template <typename S, typename QS, typename KS>
-void run(const AttnParams& p) {
+void run_tiles(const AttnParams& p, const ScoreUnits& units) {
   const TileKernels& kern = tile_kernels();
-  const ScoreUnits units = score_units(p);
-  if (use_decode_walk(p, units)) {
-    run_decode<S>(p, units);
-    if (p.num_splits > 1) combine<S>(p);
-    return;
-  }
   const TileShape shape = tile_shape(p);
   const std::vector<WorkItem> items = work_items(p);
   const int workers = resolve_threads(p.num_threads, int64_t(items.size()));
@@ -932,6 +931,16 @@ void run(const AttnParams& p) {
       run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, ws);
     }
   });
+}
+
+template <typename S, typename QS, typename KS>
+void run(const AttnParams& p) {
+  const ScoreUnits units = score_units(p);
+  if (use_decode_walk(p, units)) {
+    run_decode<S>(p, units);
+  } else {
+    run_tiles<S, QS, KS>(p, units);
+  }
   if (p.num_splits > 1) combine<S>(p);
 }
 
