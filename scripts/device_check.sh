@@ -6,7 +6,8 @@
 #   build     the gpu-h200 preset (library, CLI, GPU tests; about 2 minutes on 16 cores), installed
 #             into .carry/prefix
 #   pyext     build the nanobind extension against that library (needed by bench/pytest)
-#   test      the GPU sweeps (tests/gpu): automatic choice, then every kernel forced (KernelOverride)
+#   test      the GPU sweeps (tests/gpu): automatic choice, then every kernel forced (KernelOverride);
+#             TEST_FILTER (a --gtest_filter) picks a subset
 #   sanitize  compute-sanitizer memcheck + racecheck on a representative subset (CLI --check),
 #             automatic and with FLASHATTN_KERNEL forcing each kernel; memcheck on the bad index
 #             values of the IndexFaults tests with each kernel forced; synccheck on the
@@ -82,7 +83,7 @@ stage_build() {
 # onto it where it serves the call (tests/gpu/instantiate_gpu.cpp), so every path is tested on
 # the one GPU we have.
 stage_test() {
-  "$CARRY/flashattn_tests_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
+  "$CARRY/flashattn_tests_gpu" --gtest_brief=1 --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/tests-gpu.log" | tail -n 15
   return "${PIPESTATUS[0]}"
 }
 

@@ -167,13 +167,15 @@ WgmmaTile wgmma_tile_for(const Problem& p, int served_head_dim, WgmmaTile forced
 
 void choose_prefill(const Problem& p, const AttentionOptions& options, const DeviceFacts& d, const Work& w,
                     const KernelOverride& o, KernelChoice& c) {
-  // e4m3 runs on the mma kernel (launch_template.h run_fwd_fp8).
+  // e4m3 runs on the mma kernel (launch_template.h run_fwd_fp8), or with q, k and v all e4m3 at
+  // d = 128 and 256 on the warpspec kernel's FP8 products (D-75).
   const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma && !p.fp8;  // D-1
   c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
   if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
   const bool warpspec_wanted =
       o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim));  // D-62
-  if (warpspec_wanted && serves_warpspec(p, d, w, c) && !p.fp8) c.kernel = Kernel::warpspec;
+  const bool warpspec_reads_it = !p.fp8 || (p.fp8_qkv && fp8_products_head_dim(d.served_head_dim));
+  if (warpspec_wanted && serves_warpspec(p, d, w, c) && warpspec_reads_it) c.kernel = Kernel::warpspec;
   if (c.kernel == Kernel::warpspec) {
     c.persistent_ctas = o.prefill_ctas < 0 ? 0 : o.prefill_ctas > 0 ? o.prefill_ctas : warpspec_persistent_ctas(d.sms);  // D-71
   }
@@ -230,17 +232,18 @@ int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_
 
 bool tma_describable(const AttnParams& a) {
   constexpr int64_t kAlign = 16, kMaxStrideBytes = int64_t(1) << 40, kMaxExtent = int64_t(1) << 31;
-  const int64_t elem = dtype_size(a.dtype);
   auto extent_ok = [&](int64_t n) { return n >= 1 && n < kMaxExtent; };
-  auto stride_ok = [&](int64_t s) { return s > 0 && (s * elem) % kAlign == 0 && s * elem < kMaxStrideBytes; };
-  auto tensor_ok = [&](const void* base, int64_t row, int64_t head, int64_t batch) {
+  // strides in elements of the tensor's storage type (e4m3: one byte)
+  auto tensor_ok = [&](const void* base, DType storage, int64_t row, int64_t head, int64_t batch) {
+    const int64_t elem = dtype_size(storage);
+    auto stride_ok = [&](int64_t s) { return s > 0 && (s * elem) % kAlign == 0 && s * elem < kMaxStrideBytes; };
     return reinterpret_cast<uintptr_t>(base) % kAlign == 0 && stride_ok(row) && stride_ok(head) && stride_ok(batch);
   };
   return extent_ok(a.batch) && extent_ok(a.seqlen_q) && extent_ok(a.seqlen_k) && extent_ok(a.num_heads) &&
          extent_ok(a.num_heads_k) && extent_ok(a.head_dim) &&
-         tensor_ok(a.q, a.q_row_stride, a.q_head_stride, a.q_batch_stride) &&
-         tensor_ok(a.k, a.k_row_stride, a.k_head_stride, a.k_batch_stride) &&
-         tensor_ok(a.v, a.v_row_stride, a.v_head_stride, a.v_batch_stride);
+         tensor_ok(a.q, a.q_storage, a.q_row_stride, a.q_head_stride, a.q_batch_stride) &&
+         tensor_ok(a.k, a.kv_storage, a.k_row_stride, a.k_head_stride, a.k_batch_stride) &&
+         tensor_ok(a.v, a.kv_storage, a.v_row_stride, a.v_head_stride, a.v_batch_stride);
 }
 
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k) {

@@ -230,6 +230,7 @@ void check_fp8(const AttentionOptions& o, Problem& p, const Tensor& q, const Ten
   check_descale(o.k_descale, "k_descale", k.dtype == DType::e4m3, kv_what, p, q);
   check_descale(o.v_descale, "v_descale", k.dtype == DType::e4m3, kv_what, p, q);
   p.fp8 = q.dtype == DType::e4m3 || k.dtype == DType::e4m3;
+  p.fp8_qkv = q.dtype == DType::e4m3 && k.dtype == DType::e4m3;  // v's type is k's (check_like_q)
 }
 
 // ---- options ------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ struct Problem {
   bool tma_describable = false;
   // q or k/v stored as e4m3 (DType::e4m3): the kernels that read FP8 serve it (kernel_choice.cpp).
   bool fp8 = false;
+  // q, k and v all e4m3: FP8 products can serve it (kernel_choice.cpp, D-75).
+  bool fp8_qkv = false;
 };
 
 Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

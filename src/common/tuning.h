@@ -43,6 +43,9 @@ constexpr int kFp8DecodeCopyStages = 3;
 // over its 32 lanes (rows of 16 x 2^k bytes, at most 512; d = 96 and 192 keep the standard
 // pipeline). A capability, not a preference.
 constexpr bool fp8_warp_kv_head_dim(int head_dim) { return head_dim % 16 == 0 && 32 % (head_dim / 16) == 0; }
+// The head dims of the warpspec kernel's FP8 products (WarpSpecFp8Traits, D-75): whole 128-byte
+// rows of e4m3.
+constexpr bool fp8_products_head_dim(int served_head_dim) { return served_head_dim % 128 == 0; }
 
 // The warps of a split decode tile split the head dim instead of the keys where each split walks
 // at most this many key tiles (counted in splitkv_block_n units): the merge it saves is a large

@@ -402,6 +402,74 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
   static constexpr int kQBuffers = 2 * kTileBytesQ + kSmemBesideQ <= kSmemLimit ? 2 : 1;
   static constexpr int kSmemBytes = kQBuffers * kTileBytesQ + kSmemBesideQ;
   static_assert(kSmemBytes <= kSmemLimit, "fits the SM90 per-block shared memory limit");
+  static constexpr bool kFp8Products = false;  // WarpSpecFp8Traits
+};
+
+// The warp-specialised kernel on e4m3 Q, K and V with both products in FP8 (docs/DECISIONS.md
+// D-75): the tiles stay e4m3 in shared memory, S = Q K^T and O += P V run as e4m3 wgmma, and O
+// (bf16) is staged in a buffer of its own. FP8 wgmma reads only K-major operands, so V (keys x d,
+// d contiguous, as TMA lands it) is transposed by the producer warpgroup into Vt (d x keys, keys
+// contiguous; components/fp8_operands.h). d = 128 and 256 (whole 128-byte rows of e4m3); 128 keys
+// per tile at d = 128, 64 at d = 256 (O's 128 registers per thread leave no room for a wider S).
+template <int kHeadDim>
+struct WarpSpecFp8TileConfig {
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kStages = 2;
+};
+
+template <int kHeadDim_>
+struct WarpSpecFp8Traits {
+  using Element = cutlass::float_e4m3_t;     // Q, K, V and P
+  using OutElement = cutlass::bfloat16_t;    // O (an e4m3 q computes in bf16: api/validate.cpp)
+  using ElementAccum = float;
+  using Config = WarpSpecFp8TileConfig<kHeadDim_>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kStages = Config::kStages;
+  static_assert(kHeadDim % 128 == 0, "rows of whole 128-byte swizzle atoms of e4m3");
+  static constexpr bool kFp8Products = true;
+  static constexpr bool kQFp8 = true, kKvFp8 = true;
+  // O's staging layout and its row stores: those of the bf16 kernel of the same tile.
+  using OutTraits = TwoWarpgroupTileTraits<OutElement, kHeadDim, kBlockN>;
+  using SmemLayoutAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // Vt: (d, keys), keys contiguous (K-major for P V), rows of kBlockN bytes.
+  using SmemLayoutAtomVt = std::conditional_t<kBlockN % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                              cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutVt = decltype(cute::tile_to_shape(
+      SmemLayoutAtomVt{}, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}));
+  using SmemLayoutO = typename OutTraits::SmemLayoutQ;
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
+  static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
+  static constexpr int kVtElems = int(cute::cosize_v<SmemLayoutVt>);
+  static constexpr int kOElems = int(cute::cosize_v<SmemLayoutO>);
+  static constexpr int kNThreads = fwd::kWarpSpecThreads;
+  static constexpr int kMinBlocksPerSm = 1;
+  static constexpr int kDefaultSmemLimit = 48 * 1024;
+  static constexpr int kTileBytesQ = kQElems;  // one byte per element
+  static constexpr int kTileBytesKV = kKVElems;
+  // Shared memory past Q's buffers: kStages x (K, V as loaded, Vt), O's staging buffer, the O
+  // row offsets of two query tiles, and 1 KB for the barriers.
+  static constexpr int kSmemBesideQ = kStages * (2 * kTileBytesKV + kVtElems) +
+                                      kOElems * int(sizeof(OutElement)) + 2 * kBlockM * 8 + 1024;
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kQBuffers = 2 * kTileBytesQ + kSmemBesideQ <= kSmemLimit ? 2 : 1;
+  static constexpr int kSmemBytes = kQBuffers * kTileBytesQ + kSmemBesideQ;
+  static_assert(kSmemBytes <= kSmemLimit, "fits the SM90 per-block shared memory limit");
 };
 
 // The base's kMinBlocksPerSm, 1 where it has none (FwdTraits: fwd_kernel launches with 1).

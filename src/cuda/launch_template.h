@@ -304,10 +304,20 @@ inline bool kv_rows_16_byte_aligned(const AttnParams& p) {
 
 // FP8 storage (kernel_traits.h Fp8Storage, D-64): e4m3 K/V, and with kQFp8 e4m3 Q, on the
 // mma prefill kernel and the splitkeys decode kernel (fp8 or standard pipeline), which serve every
-// call (api/kernel_choice.cpp takes no other kernel for e4m3).
+// call; e4m3 Q, K and V also on the warpspec kernel's FP8 products (WarpSpecFp8Traits, D-75) for
+// the dense calls it serves (api/kernel_choice.cpp takes no other kernel for e4m3).
 template <typename Element, int kHeadDim, bool kQFp8>
 void run_fwd_fp8(const AttnParams& p, const KernelChoice& choice, cudaStream_t stream) {
   using I = Instance<Element, kHeadDim>;
+#if defined(FLASHATTN_HAS_SM90A)
+  if constexpr (kQFp8 && std::is_same_v<Element, cutlass::bfloat16_t> && fp8_products_head_dim(kHeadDim)) {
+    if (choice.kernel == Kernel::warpspec) {
+      using T = WarpSpecFp8Traits<kHeadDim>;
+      return launch_tile_loop<T>(p, choice, stream, &fwd::warpspec_kernel<T>,
+                                 "flashattn warpspec_kernel (e4m3 products)", fwd::make_tma_qkv<T>(p));
+    }
+  }
+#endif
   if (choice.kernel == Kernel::mma) {
     if (query_tile_rows(p) == kQueryTileRowsShort) {
       using T = Fp8Storage<typename I::MmaShort, kQFp8, 1>;

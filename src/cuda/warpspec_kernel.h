@@ -19,6 +19,11 @@
 //     the other runs its softmax (ping-pong).
 // Dense calls only (one K/V row range per (batch, head), TMA-describable strides: the kernel
 // choice checks both); the other layouts run on wgmma_kernel.h.
+// FP8 products (WarpSpecFp8Traits, D-75): Q, K and V stay e4m3 and both products run as e4m3
+// wgmma. Warp 0 of the producer warpgroup loads; warps 1-3 transpose each V stage into a Vt
+// stage (components/fp8_operands.h), which the consumers read through a second pipeline
+// (PipelineAsync: the transposers' writes, then the consumers' release). O (bf16) is staged in a
+// buffer of its own.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -28,6 +33,7 @@
 #include "common/params.h"
 #include "cuda/components/cta_geometry.h"
 #include "cuda/components/epilogue.h"
+#include "cuda/components/fp8_operands.h"
 #include "cuda/components/fragments.h"
 #include "cuda/components/mma.h"
 #include "cuda/components/online_softmax.h"
@@ -43,18 +49,30 @@ namespace fwd {
 using namespace cute;
 using cute::Tensor;
 
-// The kernel's shared memory: Q's buffers (a query tile's O is staged in its Q's buffer), the K
-// and V stages, the O row offsets of two query tiles (one being stored while the next is set) and
-// the barriers.
+// FP8 products: the transposed V stages and O's staging buffer; nothing otherwise.
+template <class Traits, bool = Traits::kFp8Products>
+struct Fp8ProductSmem {};
+template <class Traits>
+struct Fp8ProductSmem<Traits, true> {
+  cute::array_aligned<typename Traits::Element, Traits::kStages * Traits::kVtElems, 1024> vt;
+  cute::array_aligned<typename Traits::OutElement, Traits::kOElems, 1024> o;
+};
+
+// The kernel's shared memory: Q's buffers (a query tile's O is staged in its Q's buffer, or
+// with FP8 products in its own), the K and V stages (and Vt's), the O row offsets of two query
+// tiles (one being stored while the next is set) and the barriers.
 template <class Traits>
 struct WarpSpecSmem {
   using Element = typename Traits::Element;
   using Pipeline = cutlass::PipelineTmaAsync<Traits::kStages>;
+  using VtPipeline = cutlass::PipelineAsync<Traits::kStages>;  // FP8 products only
   cute::array_aligned<Element, Traits::kQBuffers * Traits::kQElems, 1024> q;
   cute::array_aligned<Element, Traits::kStages * Traits::kKVElems, 1024> k;
   cute::array_aligned<Element, Traits::kStages * Traits::kKVElems, 1024> v;
+  Fp8ProductSmem<Traits> fp8;
   int64_t o_off[2][Traits::kBlockM];
   typename Pipeline::SharedStorage k_stages, v_stages;
+  typename VtPipeline::SharedStorage vt_stages;
   cutlass::arch::ClusterTransactionBarrier q_full[Traits::kQBuffers];  // Q's bytes landed
   cutlass::arch::ClusterBarrier q_empty[Traits::kQBuffers];  // every consumer thread is done with the buffer
 };
@@ -72,7 +90,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Smem = WarpSpecSmem<Traits>;
   static_assert(warpspec_smem_fits<Traits>(), "Traits::kSmemBytes holds the kernel's shared memory");
   using Pipeline = typename Smem::Pipeline;
+  using VtPipeline = typename Smem::VtPipeline;
   using Stage = typename Pipeline::PipelineState;
+  constexpr bool kFp8 = Traits::kFp8Products;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -93,7 +113,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   stages.is_leader = threadIdx.x == 0;
   stages.num_consumers = kConsumerThreads;
   Pipeline k_pipe(smem.k_stages, stages, Shape<_1, _1, _1>{});
-  Pipeline v_pipe(smem.v_stages, stages, Shape<_1, _1, _1>{});
+  // V: loaded for the consumers, or with FP8 products for the transposing warps, whose Vt stages
+  // go to the consumers through vt_pipe.
+  const bool transposer = kFp8 && warpgroup == kProducerWarpgroup && threadIdx.x >= 32;
+  typename Pipeline::Params v_stages = stages;
+  typename VtPipeline::Params vt_stages;
+  if constexpr (kFp8) {
+    v_stages.num_consumers = kVTransposeThreads;
+    v_stages.role = threadIdx.x == 0 ? Pipeline::ThreadCategory::Producer
+                    : transposer     ? Pipeline::ThreadCategory::Consumer
+                                     : Pipeline::ThreadCategory::NonParticipant;
+    vt_stages.role = transposer ? VtPipeline::ThreadCategory::Producer
+                     : warpgroup != kProducerWarpgroup ? VtPipeline::ThreadCategory::Consumer
+                                                       : VtPipeline::ThreadCategory::NonParticipant;
+    vt_stages.producer_arv_count = kVTransposeThreads;
+    vt_stages.consumer_arv_count = kConsumerThreads;
+  }
+  Pipeline v_pipe(smem.v_stages, v_stages, Shape<_1, _1, _1>{});
+  [[maybe_unused]] VtPipeline vt_pipe(smem.vt_stages, vt_stages);
   if (threadIdx.x == 0) {
     for (int b = 0; b < Traits::kQBuffers; ++b) {
       smem.q_full[b].init(1);
@@ -105,7 +142,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   auto k_stage = [&](int s) { return make_tensor(make_smem_ptr(smem.k.data() + s * Traits::kKVElems), typename Traits::SmemLayoutKV{}); };
   auto v_stage = [&](int s) { return make_tensor(make_smem_ptr(smem.v.data() + s * Traits::kKVElems), typename Traits::SmemLayoutKV{}); };
-  auto vt_stage = [&](int s) { return make_tensor(make_smem_ptr(smem.v.data() + s * Traits::kKVElems), typename Traits::SmemLayoutVt{}); };
+  // V as the B operand of P V: stage s of V seen as (d, keys), or with FP8 products Vt's stage s
+  auto vt_stage = [&](int s) {
+    if constexpr (kFp8) {
+      return make_tensor(make_smem_ptr(smem.fp8.vt.data() + s * Traits::kVtElems), typename Traits::SmemLayoutVt{});
+    } else {
+      return make_tensor(make_smem_ptr(smem.v.data() + s * Traits::kKVElems), typename Traits::SmemLayoutVt{});
+    }
+  };
   // Q's buffer of the i-th query tile, and the parity of the barriers' phase of its use: every
   // query tile loads its Q once (also one with no visible key, which stores zeros through the
   // buffer), so the j-th use of a buffer completes its q_full for the j-th time, and the
@@ -118,6 +162,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   if (warpgroup == kProducerWarpgroup) {
     // ---- producer: one thread issues every load
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if constexpr (kFp8) {
+      if (transposer) {
+        // ---- warps 1-3: each V stage into a Vt stage, in the loads' order
+        Stage v_read;
+        Stage vt_write = cutlass::make_producer_start_state<VtPipeline>();
+        for (int round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
+          CtaInfo c;
+          if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
+          const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
+          for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+            v_pipe.consumer_wait(v_read);
+            vt_pipe.producer_acquire(vt_write);
+            transpose_v_tile<kBlockN, kHeadDim, kVTransposeWarps>(v_stage(v_read.index()), vt_stage(vt_write.index()),
+                                                                 int(threadIdx.x) / 32 - 1, int(threadIdx.x) % 32);
+            cutlass::arch::fence_view_async_shared();  // the generic writes, before the consumers' wgmma reads
+            vt_pipe.producer_commit(vt_write);
+            v_pipe.consumer_release(v_read);
+            ++v_read;
+            ++vt_write;
+          }
+        }
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     Stage k_write = cutlass::make_producer_start_state<Pipeline>();
     Stage v_write = k_write;
@@ -167,13 +235,47 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tScS_rc = make_tensor(tScS.data(), gmma_acc_to_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   auto s_tile = [&]() { return partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{}); };
-  // P in S's accumulator layout, so that converting is element by element; tOrP views it as
-  // the A operand of P V.
-  Tensor rP = make_tensor<Element>(s_tile().layout());
-  Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
+  // P, the A operand of P V: in S's accumulator layout, so that converting is element by
+  // element (tOrP views it as the operand); with FP8 products, e4m3 in the operand's layout, in
+  // Vt's key order (fp8_operands.h).
+  auto make_p = [&]() {
+    if constexpr (kFp8) {
+      return make_tensor<Element>(partition_shape_A(mma_o, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    } else {
+      return make_tensor<Element>(s_tile().layout());
+    }
+  };
+  Tensor rP = make_p();
+  auto p_operand = [&]() {
+    if constexpr (kFp8) {
+      return make_tensor(rP.data(), rP.layout());
+    } else {
+      return make_tensor(rP.data(), gmma_acc_to_a_operand(rP.layout()));
+    }
+  };
+  Tensor tOrP = p_operand();
   auto set_p = [&](const auto& acc_s) {
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
+    if constexpr (kFp8) {
+      p_to_fp8_operand(acc_s, rP);
+    } else {
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
+    }
+  };
+  // The V stage of P V: ready, and done with.
+  auto v_wait = [&](Stage s) {
+    if constexpr (kFp8) {
+      vt_pipe.consumer_wait(s);
+    } else {
+      v_pipe.consumer_wait(s);
+    }
+  };
+  auto v_release = [&](Stage s) {
+    if constexpr (kFp8) {
+      vt_pipe.consumer_release(s);
+    } else {
+      v_pipe.consumer_release(s);
+    }
   };
   Stage k_read, v_read;  // consumers start at phase 0
   int q_loads = 0;
@@ -231,7 +333,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         Tensor acc_s_next = s_tile();
         turns.take();
         wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(k_stage(k_read.index())), acc_s_next);
-        v_pipe.consumer_wait(v_read);
+        v_wait(v_read);
         wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(vt_stage(v_read.index())), acc_o);
         turns.pass();
         warpgroup_wait<1>();  // S of tile n
@@ -241,29 +343,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax_of_tile(acc_s_next, n);
         warpgroup_wait<0>();  // P V of tile n+1
         warpgroup_fence_operand(acc_o);
-        v_pipe.consumer_release(v_read);
+        v_release(v_read);
         ++v_read;
         rescale_rows(o_rc, correction);
         set_p(acc_s_next);
       }
 
       // last P V
-      v_pipe.consumer_wait(v_read);
+      v_wait(v_read);
       wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(vt_stage(v_read.index())), acc_o);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
-      v_pipe.consumer_release(v_read);
+      v_release(v_read);
       ++v_read;
     }
 
     // ---- epilogue: O normalised into Q's buffer (each warpgroup over its own 64 rows, which
-    // only its own products read), then 16-byte row stores by both consumer warpgroups; then
-    // Q's buffer goes back to the producer (its generic-proxy accesses ordered before the next
-    // TMA write)
-    Tensor sO = q_tile(q_loads);
-    stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
-    consumers_sync();
-    store_o_rows<Traits>(p, sO, smem.o_off[q_loads & 1], tid);
+    // only its own products read; FP8 products: O's own buffer), then 16-byte row stores by both
+    // consumer warpgroups; then Q's buffer goes back to the producer (its generic-proxy accesses
+    // ordered before the next TMA write)
+    if constexpr (kFp8) {
+      // O's own buffer: the previous query tile's stores are done with it first
+      Tensor sO = make_tensor(make_smem_ptr(smem.fp8.o.data()), typename Traits::SmemLayoutO{});
+      consumers_sync();
+      stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
+      consumers_sync();
+      store_o_rows<typename Traits::OutTraits>(p, sO, smem.o_off[q_loads & 1], tid);
+    } else {
+      Tensor sO = q_tile(q_loads);
+      stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
+      consumers_sync();
+      store_o_rows<Traits>(p, sO, smem.o_off[q_loads & 1], tid);
+    }
     cutlass::arch::fence_view_async_shared();
     smem.q_empty[q_buffer(q_loads)].arrive();
     ++q_loads;

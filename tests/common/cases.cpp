@@ -189,18 +189,25 @@ std::vector<DenseCase> dense_cases(Device device) {
     add(dt, b, sq, sk, h, hk, d, f, layout);
     ++n;
   }
-  // FP8 (e4m3 q, k, v; bf16 out): both descale kinds, the masks, GQA, staged and strided layouts
-  for (const auto& [fp8, d, f, layout] : std::vector<std::tuple<Fp8, int, Features, Layout>>{
-           {Fp8::per_head, 64, Features{}, Layout::contiguous},
-           {Fp8::per_head, 128, causal(), Layout::contiguous},
-           {Fp8::per_tensor, 256, window(32, 0), Layout::contiguous},
-           {Fp8::per_head, 96, with_softcap(with_alibi(Features{}, Alibi::per_head), 15.0f), Layout::padded},
-           {Fp8::per_tensor, 128, causal(), Layout::qkv_packed},
-           {Fp8::per_head, 59, causal(), Layout::contiguous}}) {
+  // FP8 (e4m3 q, k, v; bf16 out): both descale kinds, the masks, GQA, staged and strided layouts;
+  // at d = 128 and 256 (the warpspec kernel's FP8 products, D-75) several query tiles, partial
+  // key tiles, sq > sk and the score rules too
+  for (const auto& [fp8, d, f, layout, sq, sk] : std::vector<std::tuple<Fp8, int, Features, Layout, int, int>>{
+           {Fp8::per_head, 64, Features{}, Layout::contiguous, 113, 339},
+           {Fp8::per_head, 128, causal(), Layout::contiguous, 113, 339},
+           {Fp8::per_tensor, 256, window(32, 0), Layout::contiguous, 113, 339},
+           {Fp8::per_head, 96, with_softcap(with_alibi(Features{}, Alibi::per_head), 15.0f), Layout::padded, 113, 339},
+           {Fp8::per_tensor, 128, causal(), Layout::qkv_packed, 113, 113},
+           {Fp8::per_head, 59, causal(), Layout::contiguous, 113, 339},
+           {Fp8::per_head, 128, Features{}, Layout::contiguous, 300, 517},
+           {Fp8::per_tensor, 256, causal(), Layout::contiguous, 260, 200},
+           {Fp8::per_head, 128, with_softcap(with_alibi(Features{}, Alibi::per_head), 15.0f), Layout::padded, 129, 260},
+           {Fp8::per_head, 256, Features{}, Layout::contiguous, 64, 1000},
+           {Fp8::per_tensor, 128, window(40, 17), Layout::contiguous, 385, 385}}) {
     DenseCase c;
     c.device = device;
     c.dtype = DType::bf16;
-    c.b = 2, c.sq = 113, c.sk = layout == Layout::qkv_packed ? 113 : 339, c.h = 4, c.hk = 2, c.d = d;
+    c.b = 2, c.sq = sq, c.sk = sk, c.h = 4, c.hk = 2, c.d = d;
     c.f = f;
     c.layout = layout;
     c.fp8 = fp8;

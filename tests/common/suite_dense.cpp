@@ -93,9 +93,12 @@ void run_dense(const DenseCase& c) {
     place_lse(lse64, r.lse64, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
     place_lse(lse_lowp, r.lse_lowp, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
   }
-  EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
   if (c.fp8 != Fp8::none) {
+    // FP8's stated bound: the warpspec kernel's FP8 products round P to e4m3 (D-75), which the
+    // bf16 rule (P rounded to bf16 at most) does not allow for
     EXPECT_TRUE(fp8_output_within_bound(out, out64));
+  } else {
+    EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
   }
   if (c.f.lse) {
     EXPECT_TRUE(lse_close("softmax_lse", lse_impl, lse64, lse_lowp, c.dtype));

@@ -21,6 +21,10 @@ constexpr int kWarpSpecThreads = kConsumerThreads + kWarpgroupThreads;
 // Registers per thread after the move: 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536 (the
 // producer needs few; each consumer holds its S and O accumulators).
 constexpr int kProducerRegisters = 24;
+// With FP8 products (WarpSpecFp8Traits) warps 1-3 of the producer warpgroup transpose V while
+// warp 0 issues the loads.
+constexpr int kVTransposeWarps = 3;
+constexpr int kVTransposeThreads = kVTransposeWarps * 32;
 constexpr int kConsumerRegisters = 240;
 
 // Named barriers of the warp-specialised kernel (ids past CUTLASS's reserved ones).
