@@ -14,6 +14,8 @@
 #             prefill kernels (wgmma; warpspec in warpspec_sanitize)
 #   warpspec_sanitize  memcheck, racecheck and synccheck of the warpspec kernel, persistent and on
 #             two CTAs taking many query tiles each (also run at the end of sanitize)
+#   fp8_warpspec_sanitize  memcheck, racecheck and synccheck of the warpspec kernel's FP8
+#             products (D-75), as warpspec_sanitize
 #   pagedsanitize  memcheck + racecheck on the paged-cache cases, memcheck on the bad index values
 #             under the paged decode kernels (a subset of sanitize)
 #   fp8sanitize  memcheck + racecheck on the FP8 (e4m3) sweep cases of the GPU tests (also run
@@ -186,25 +188,39 @@ sanitize_cli() {
 }
 
 # The warpspec kernel under memcheck, racecheck and synccheck (its mbarrier pipelines, Q buffers and
-# named-barrier turns), on the persistent grid and on two CTAs that each take many query tiles.
-stage_warpspec_sanitize() {
-  local log="$OUT/sanitizer-warpspec.log" rc=0 tool kernel c
-  : >"$log"
-  local cases=(
-    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal"
-    "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20"
-    "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
-    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal"
-  )
+# named-barrier turns), on the persistent grid and on two CTAs that each take many query tiles;
+# the cases are the arguments.
+sanitize_warpspec_cases() {
+  local log="$1" rc=0 tool kernel c
+  shift
   for tool in memcheck racecheck synccheck; do
     for kernel in warpspec warpspec,grid=2; do
-      for c in "${cases[@]}"; do
+      for c in "$@"; do
         sanitize_cli "$log" "$tool" "$kernel" $c || rc=1
       done
     done
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sort | uniq -c
   return $rc
+}
+
+stage_warpspec_sanitize() {
+  local log="$OUT/sanitizer-warpspec.log"
+  : >"$log"
+  sanitize_warpspec_cases "$log" \
+    "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal" \
+    "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20" \
+    "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
+    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal"
+}
+
+# The FP8 products (D-75): the V transpose's pipeline, the e4m3 operands, O's own buffer.
+stage_fp8_warpspec_sanitize() {
+  local log="$OUT/sanitizer-fp8-warpspec.log"
+  : >"$log"
+  sanitize_warpspec_cases "$log" \
+    "--dtype e4m3 --batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
+    "--dtype e4m3 --batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --window 16,8 --alibi --softcap 20"
 }
 
 # The CLI cases the sanitizer stages run (--check against the CPU reference).

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   };
   if (warpgroup == kProducerWarpgroup) {
     // ---- producer: one thread issues every load
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    cutlass::arch::warpgroup_reg_dealloc<kFp8 ? kTransposingProducerRegisters : kProducerRegisters>();
     if constexpr (kFp8) {
       if (transposer) {
         // ---- warps 1-3: each V stage into a Vt stage, in the loads' order
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
 
   // ---- consumers: warpgroups 1 and 2, threads 0..255 of the two-warpgroup MMAs
-  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+  cutlass::arch::warpgroup_reg_alloc<kFp8 ? kTransposingConsumerRegisters : kConsumerRegisters>();
   const int tid = threadIdx.x - kWarpgroupThreads;
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;

@@ -22,7 +22,11 @@ constexpr int kWarpSpecThreads = kConsumerThreads + kWarpgroupThreads;
 // producer needs few; each consumer holds its S and O accumulators).
 constexpr int kProducerRegisters = 24;
 // With FP8 products (WarpSpecFp8Traits) warps 1-3 of the producer warpgroup transpose V while
-// warp 0 issues the loads.
+// warp 0 issues the loads; 128 x 32 + 256 x 232 = 63,488. With 24 the transposing loop spilled
+// its stage counters inside the loop; with 232 the consumers spill 5 words once per query tile
+// (ptxas, d = 128; D-75).
+constexpr int kTransposingProducerRegisters = 32;
+constexpr int kTransposingConsumerRegisters = 232;
 constexpr int kVTransposeWarps = 3;
 constexpr int kVTransposeThreads = kVTransposeWarps * 32;
 constexpr int kConsumerRegisters = 240;
