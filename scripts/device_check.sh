@@ -4,7 +4,7 @@
 # cannot download: the CUTLASS/CuTe headers (from the nvidia-cutlass wheel) and GoogleTest.
 # There (device tool, carry [".carry"]): `bash scripts/device_check.sh STAGE...`, stages in order:
 #   build     the gpu-h200 preset (library, CLI, GPU tests; about 2 minutes on 16 cores), installed
-#             into .carry/prefix
+#             into .carry/prefix; CMAKE_ARGS adds cache settings (e.g. -DFLASHATTN_HEAD_DIMS="128;256")
 #   pyext     build the nanobind extension against that library (needed by bench/pytest)
 #   test      the GPU sweeps (tests/gpu): automatic choice, then every kernel forced (KernelOverride);
 #             TEST_FILTER (a --gtest_filter) picks a subset
@@ -75,7 +75,7 @@ status=0
 stage_build() {
   local build="build/$PRESET"
   cmake --preset "$PRESET" -DFLASHATTN_CUTLASS_INCLUDE="$PWD/$CARRY/cutlass" \
-    -DCMAKE_PREFIX_PATH="$PWD/$CARRY/gtest" >"$OUT/build.log" 2>&1 &&
+    -DCMAKE_PREFIX_PATH="$PWD/$CARRY/gtest" ${CMAKE_ARGS:-} >"$OUT/build.log" 2>&1 &&
     cmake --build --preset "$PRESET" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; return 1; }
   grep -E "spill" "$OUT/build.log" | sort -u | head -n 20
   cmake --install "$build" --prefix "$CARRY/prefix" >/dev/null && cp "$build/tests/flashattn_tests_gpu" "$CARRY/"

@@ -318,6 +318,24 @@ TEST(KernelChoice, WarpspecServesDenseTmaDescribableUnpackedUnsplitPrefillOnly) 
   EXPECT_NE(choose(packed, forced).kernel, Kernel::warpspec);
 }
 
+TEST(KernelChoice, Fp8ProductsRunOnWarpspecForE4m3QkvAtHeadDims128And256) {  // D-75
+  Problem fp8 = prefill(1024);
+  fp8.tma_describable = true;
+  fp8.fp8 = fp8.fp8_qkv = true;
+  EXPECT_EQ(choose(fp8).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(fp8, {}, 0, h200(256)).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(fp8, {}, 0, h200(192)).kernel, Kernel::mma);  // no FP8 products at d = 192
+  flashattn::KernelOverride mma;
+  mma.kernel = Kernel::mma;
+  EXPECT_EQ(choose(fp8, mma).kernel, Kernel::mma);
+  Problem kv_only = fp8;  // e4m3 K/V under a bf16 q: the widening path
+  kv_only.fp8_qkv = false;
+  EXPECT_EQ(choose(kv_only).kernel, Kernel::mma);
+  Problem strided = fp8;
+  strided.tma_describable = false;
+  EXPECT_EQ(choose(strided).kernel, Kernel::mma);
+}
+
 TEST(KernelChoice, WarpspecRunsOnOnePersistentCtaPerSm) {  // D-71
   Problem dense = prefill(4096);
   dense.tma_describable = true;
