@@ -490,13 +490,13 @@ void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) 
 }
 
 // One online-softmax step over the tile: each row's state takes the tile's max (raise_max),
-// the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum,
-// and the accumulator rows are rescaled where the max moved. A row with a NaN score gets a NaN
-// sum (and so a NaN output); a row without a visible key keeps max -inf and sum 0.
-// exp2_sum(offsets, sums) is the layout's probability pass.
+// the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum.
+// Returns whether any accumulator row must be rescaled (by ws.correction) where its max moved,
+// which the caller does. A row with a NaN score gets a NaN sum (and so a NaN output); a row
+// without a visible key keeps max -inf and sum 0. exp2_sum(offsets, sums) is the layout's
+// probability pass.
 template <typename Exp2Sum>
-void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, const TileShape& t,
-                    Scratch& ws, Exp2Sum exp2_sum) {
+bool online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, Scratch& ws, Exp2Sum exp2_sum) {
   const int rows_pad = round_up(rows, kern.row_lanes);
   bool rescale = false;
   for (int r = 0; r < rows; ++r) {
@@ -508,7 +508,7 @@ void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, 
   std::fill(ws.offset.begin() + rows, ws.offset.begin() + rows_pad, 0.0f);
   exp2_sum(ws.offset.data(), ws.tile_sum.data());
   for (int r = 0; r < rows; ++r) ws.state[r].sum += ws.tile_sum[r];
-  if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
+  return rescale;
 }
 
 // One finished row: o_row / sum into out (storage dtype) and lse, or into the split partials of
@@ -581,10 +581,11 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
     mask(rows, n0, keys, ws, transposed_scores(ws));
     kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
-    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+    const bool rescale = online_softmax(kern, units, rows, ws, [&](const float* offset, float* tile_sum) {
       kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, offset, tile_sum);
     });
-    kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
+    kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, rescale ? ws.correction.data() : nullptr,
+            ws.o.data(), t.d_pad);
   }
   store<S>(p, kern, seq, w, units, rows, t, ws);
 }
@@ -682,9 +683,10 @@ void run_work_item_bf16(const AttnParams& p, const TileKernels& kern, const Bf16
     if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
     mask(rows, n0, keys, ws, row_major_scores(ws, width));
     bf16.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
-    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+    const bool rescale = online_softmax(kern, units, rows, ws, [&](const float* offset, float* tile_sum) {
       bf16.row_exp2_sum(ws.s.data(), width, rows, rows_pad, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
     });
+    if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
     bf16.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
   }
   bf16.end();

@@ -47,9 +47,12 @@ struct TileKernels {
   // o[r][c] *= factor[r] for r < rows, c < d_pad.
   void (*scale_rows)(float* o, int ld_o, int rows, int d_pad, const float* factor);
 
-  // o[r][c] += sum_j st[j][r] * v[j][c] for r < rows, c < d_pad (a multiple of kRowLanes).
+  // o[r][c] = o[r][c] * factor[r] + sum_j st[j][r] * v[j][c] for r < rows, c < d_pad (a
+  // multiple of kRowLanes); factor nullptr: no rescale. The rescale rides on the accumulator
+  // loads of the product (bit for bit scale_rows then the product) instead of a pass of its own
+  // over o (D-76).
   void (*pv)(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
-             float* o, int ld_o);
+             const float* factor, float* o, int ld_o);
 
   // dst[c] = bf16 of src[c] * scale for c < n, rounded as half.h float_to_bf16_bits (bit for bit).
   void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);

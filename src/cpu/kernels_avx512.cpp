@@ -112,10 +112,14 @@ FA_AVX512 void scale_rows(float* o, int ld_o, int rows, int d_pad, const float* 
 // A block of kRows rows x kVecs*16 columns of o, kept in registers over all keys.
 template <int kRows, int kVecs>
 FA_AVX512 inline void pv_block(const float* st, int ld_st, const float* v, int ld_v, int keys,
-                               float* o, int ld_o) {
+                               const float* factor, float* o, int ld_o) {
   __m512 acc[kRows][kVecs];
   for (int i = 0; i < kRows; ++i)
     for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_loadu_ps(o + size_t(i) * ld_o + c * kLanes);
+  if (factor != nullptr) {
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_mul_ps(acc[i][c], _mm512_set1_ps(factor[i]));
+  }
   for (int j = 0; j < keys; ++j) {
     __m512 vj[kVecs];
     for (int c = 0; c < kVecs; ++c) vj[c] = _mm512_loadu_ps(v + size_t(j) * ld_v + c * kLanes);
@@ -131,23 +135,23 @@ FA_AVX512 inline void pv_block(const float* st, int ld_st, const float* v, int l
 // Column strips of kVecs vectors for kRows rows; narrower tails one vector at a time.
 template <int kRows, int kVecs>
 FA_AVX512 void pv_rows(const float* st, int ld_st, const float* v, int ld_v, int keys, int d_pad,
-                       float* o, int ld_o) {
+                       const float* factor, float* o, int ld_o) {
   int c = 0;
-  for (; c + kVecs * kLanes <= d_pad; c += kVecs * kLanes) pv_block<kRows, kVecs>(st, ld_st, v + c, ld_v, keys, o + c, ld_o);
-  for (; c < d_pad; c += kLanes) pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, o + c, ld_o);
+  for (; c + kVecs * kLanes <= d_pad; c += kVecs * kLanes) pv_block<kRows, kVecs>(st, ld_st, v + c, ld_v, keys, factor, o + c, ld_o);
+  for (; c < d_pad; c += kLanes) pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, factor, o + c, ld_o);
 }
 
 template <int kRows, int kVecs>
 FA_AVX512 void pv_blocked(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
-                          int d_pad, float* o, int ld_o) {
+                          int d_pad, const float* factor, float* o, int ld_o) {
   int r = 0;
-  for (; r + kRows <= rows; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, o + size_t(r) * ld_o, ld_o);
-  for (; r < rows; ++r) pv_rows<1, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, o + size_t(r) * ld_o, ld_o);
+  for (; r + kRows <= rows; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
+  for (; r < rows; ++r) pv_rows<1, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
 }
 
 FA_AVX512 void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
-                  int d_pad, float* o, int ld_o) {
-  pv_blocked<kPvRows, kPvVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, o, ld_o);
+                  int d_pad, const float* factor, float* o, int ld_o) {
+  pv_blocked<kPvRows, kPvVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, factor, o, ld_o);
 }
 
 // half.h float_to_bf16_bits on 16 lanes: round to nearest even, NaN kept quiet.

@@ -226,36 +226,43 @@ TEST_P(CpuKernelSet, ScaleRowsMatchesPortable) {
   }
 }
 
-// o += p . v for row counts and widths that end inside the register blocks.
+// o = o * factor + p . v (factor nullptr: o += p . v) for row counts and widths that end inside
+// the register blocks.
 TEST_P(CpuKernelSet, PvMatchesPortable) {
-  for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
-    for (int keys : {1, 7, 64}) {
-      for (int d_pad : {16, 32, 48, 128, 256}) {
-        const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
-        std::vector<float> st = random_floats(size_t(keys) * ld_st, 37 + rows);
-        for (float& p : st) p = std::fabs(p);
-        const std::vector<float> v = random_floats(size_t(keys) * ld_v, 41 + keys);
-        const std::vector<float> o = random_floats(size_t(128) * ld_o, 43);
-        std::vector<float> want(o), got(o);
-        portable().pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, want.data(), ld_o);
-        fast_->pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, got.data(), ld_o);
-        for (int r = 0; r < 128; ++r) {
-          for (int c = 0; c < ld_o; ++c) {
-            const size_t at = size_t(r) * ld_o + c;
-            if (r >= rows || c >= d_pad) {
-              ASSERT_EQ(to_bits(got[at]), to_bits(o[at])) << "wrote outside: rows=" << rows << " r=" << r << " c=" << c;
-              continue;
+  for (bool rescale : {false, true}) {
+    for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
+      for (int keys : {1, 7, 64}) {
+        for (int d_pad : {16, 32, 48, 128, 256}) {
+          const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
+          std::vector<float> st = random_floats(size_t(keys) * ld_st, 37 + rows);
+          for (float& p : st) p = std::fabs(p);
+          const std::vector<float> v = random_floats(size_t(keys) * ld_v, 41 + keys);
+          const std::vector<float> o = random_floats(size_t(128) * ld_o, 43);
+          std::vector<float> factor = random_floats(128, 47);
+          factor[0] = 0.0f;
+          const float* f = rescale ? factor.data() : nullptr;
+          std::vector<float> want(o), got(o);
+          portable().pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, f, want.data(), ld_o);
+          fast_->pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, f, got.data(), ld_o);
+          for (int r = 0; r < 128; ++r) {
+            for (int c = 0; c < ld_o; ++c) {
+              const size_t at = size_t(r) * ld_o + c;
+              if (r >= rows || c >= d_pad) {
+                ASSERT_EQ(to_bits(got[at]), to_bits(o[at])) << "wrote outside: rows=" << rows << " r=" << r << " c=" << c;
+                continue;
+              }
+              const float start = rescale ? o[at] * factor[r] : o[at];  // one fp32 multiplication
+              double exact = start, magnitude = std::fabs(start);
+              for (int j = 0; j < keys; ++j) {
+                const double term = double(st[size_t(j) * ld_st + r]) * v[size_t(j) * ld_v + c];
+                exact += term;
+                magnitude += std::fabs(term);
+              }
+              const double tolerance = 4 * (keys + 1) * 0x1p-24 * magnitude;
+              ASSERT_NEAR(got[at], exact, tolerance) << "rows=" << rows << " keys=" << keys << " d_pad=" << d_pad
+                                                     << " r=" << r << " c=" << c;
+              ASSERT_NEAR(got[at], want[at], 2 * tolerance);
             }
-            double exact = o[at], magnitude = std::fabs(o[at]);
-            for (int j = 0; j < keys; ++j) {
-              const double term = double(st[size_t(j) * ld_st + r]) * v[size_t(j) * ld_v + c];
-              exact += term;
-              magnitude += std::fabs(term);
-            }
-            const double tolerance = 4 * (keys + 1) * 0x1p-24 * magnitude;
-            ASSERT_NEAR(got[at], exact, tolerance) << "rows=" << rows << " keys=" << keys << " d_pad=" << d_pad
-                                                   << " r=" << r << " c=" << c;
-            ASSERT_NEAR(got[at], want[at], 2 * tolerance);
           }
         }
       }
