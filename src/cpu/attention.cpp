@@ -463,11 +463,12 @@ FA_PREFETCH_HELPER void prefetch_next_tile(const AttnParams& p, const SeqInfo& s
   prefetch_kv_tile<T>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t);
 }
 
-// Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h).
-void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
+// Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h), for rows
+// [r0, r1) and keys [n0, n0 + keys) (view.at(r, j) is key n0 + j).
+void to_logits(const AttnParams& p, const SeqInfo& seq, int r0, int r1, int n0, int keys,
                const Scratch& ws, const ScoreView& view) {
   const bool alibi = p.alibi_slopes != nullptr;
-  for (int r = 0; r < rows; ++r) {
+  for (int r = r0; r < r1; ++r) {
     const TileRow& row = ws.rows[r];
     for (int j = 0; j < keys; ++j) {
       float& x = view.at(r, j);
@@ -477,10 +478,10 @@ void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int ke
   }
 }
 
-// -inf for the keys of the tile that a row does not see (only rows whose visible range does
-// not cover the whole tile have any).
-void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) {
-  for (int r = 0; r < rows; ++r) {
+// -inf for the keys [n0, n0 + keys) that a row of [r0, r1) does not see (only rows whose
+// visible range does not cover them all have any).
+void mask(int r0, int r1, int n0, int keys, const Scratch& ws, const ScoreView& view) {
+  for (int r = r0; r < r1; ++r) {
     const KeyRange& visible = ws.rows[r].keys;
     const int lo = std::min(std::max(visible.lo - n0, 0), keys);
     const int hi = std::max(std::min(visible.hi - n0, keys), lo);
@@ -489,25 +490,27 @@ void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) 
   }
 }
 
-// One online-softmax step over the tile: each row's state takes the tile's max (raise_max),
-// the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum.
-// Returns whether any accumulator row must be rescaled (by ws.correction) where its max moved,
-// which the caller does. A row with a NaN score gets a NaN sum (and so a NaN output); a row
-// without a visible key keeps max -inf and sum 0. exp2_sum(offsets, sums) is the layout's
-// probability pass.
+// One online-softmax step over the tile for rows [r0, r1) (r0 a multiple of the set's
+// row_lanes): each row's state takes the tile's max (raise_max), the scores become
+// probabilities exp2(x * scale_log2 - offset) and add to the state's sum. Returns whether any
+// accumulator row must be rescaled (by ws.correction) where its max moved, which the caller
+// does. A row with a NaN score gets a NaN sum (and so a NaN output); a row without a visible
+// key keeps max -inf and sum 0. exp2_sum(offsets, sums) is the layout's probability pass (the
+// row arrays whole: rows [r0, r1) at their own index).
 template <typename Exp2Sum>
-bool online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, Scratch& ws, Exp2Sum exp2_sum) {
-  const int rows_pad = round_up(rows, kern.row_lanes);
+bool online_softmax(const TileKernels& kern, const ScoreUnits& units, int r0, int r1, Scratch& ws,
+                    Exp2Sum exp2_sum) {
+  const int pad_end = round_up(r1, kern.row_lanes);
   bool rescale = false;
-  for (int r = 0; r < rows; ++r) {
+  for (int r = r0; r < r1; ++r) {
     SoftmaxRowState& state = ws.state[r];
     ws.correction[r] = state.raise_max(std::max(state.max, ws.tile_max[r]), units.scale_log2);
     ws.offset[r] = state.exp2_offset(units.scale_log2);
     rescale = rescale || ws.correction[r] != 1.0f;
   }
-  std::fill(ws.offset.begin() + rows, ws.offset.begin() + rows_pad, 0.0f);
+  std::fill(ws.offset.begin() + r1, ws.offset.begin() + pad_end, 0.0f);
   exp2_sum(ws.offset.data(), ws.tile_sum.data());
-  for (int r = 0; r < rows; ++r) ws.state[r].sum += ws.tile_sum[r];
+  for (int r = r0; r < r1; ++r) ws.state[r].sum += ws.tile_sum[r];
   return rescale;
 }
 
@@ -553,6 +556,69 @@ void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, con
   }
 }
 
+// Rows [r0, r1) of a query tile against keys [k0, k1) of a key tile (tile-relative): the part
+// of a tile that one pass of the products covers.
+struct TileBlock {
+  int r0, r1, k0, k1;
+};
+
+// Rows per block of a key tile that some rows see only in part (a causal diagonal tile): a whole
+// row strip of the AVX-512 scores (two vectors), a multiple of every set's row_lanes.
+constexpr int kMaskedRowGroup = 32;
+static_assert(kMaskedRowGroup % kRowLanes == 0, "row groups start on whole row vectors");
+
+// The blocks of key tile [n0, n0 + keys) that the tile's rows see: the whole tile where every
+// row sees every key; otherwise, per group of kMaskedRowGroup rows, the keys that some row of the
+// group sees (none: no block). A causal diagonal tile's upper triangle is left out at the
+// group's grain, instead of computed and masked to -inf: the rows and keys left out would add
+// exp2(-inf) = 0 to the sums and 0 x V to the accumulators, so the result is the same. Returns
+// the number of blocks written to `blocks` (at most kBlockM / kMaskedRowGroup).
+int visible_blocks(int rows, int n0, int keys, const Scratch& ws, TileBlock* blocks) {
+  bool whole = true;
+  for (int r = 0; r < rows && whole; ++r) whole = ws.rows[r].keys.lo <= n0 && ws.rows[r].keys.hi >= n0 + keys;
+  if (whole) {
+    blocks[0] = TileBlock{0, rows, 0, keys};
+    return 1;
+  }
+  int count = 0;
+  for (int r0 = 0; r0 < rows; r0 += kMaskedRowGroup) {
+    const int r1 = std::min(r0 + kMaskedRowGroup, rows);
+    int k0 = keys, k1 = 0;
+    for (int r = r0; r < r1; ++r) {
+      const KeyRange& visible = ws.rows[r].keys;
+      const int lo = std::max(visible.lo - n0, 0), hi = std::min(visible.hi - n0, keys);
+      if (lo >= hi) continue;
+      k0 = std::min(k0, lo);
+      k1 = std::max(k1, hi);
+    }
+    if (k0 < k1) blocks[count++] = TileBlock{r0, r1, k0, k1};
+  }
+  return count;
+}
+
+// One online-softmax step of the fp32 walk over a block of the tile (k_tile, v_tile: the whole
+// key tile, keys [n0, ...)): scores, logits, mask, tile max, exp2 and sums, rescale and P.V for
+// the block's rows. The score tile keeps the rows at their index and the block's keys from its
+// first row.
+void fp32_block_step(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const ScoreUnits& units,
+                     const TileBlock& b, int n0, const float* k_tile, const float* v_tile, const TileShape& t,
+                     Scratch& ws) {
+  const int keys = b.k1 - b.k0;
+  const int vector_rows = round_up(b.r1, kern.row_lanes) - b.r0;
+  float* st = ws.st.data() + b.r0;
+  kern.scores(ws.qt.data() + b.r0, kQtLd, k_tile + size_t(b.k0) * t.d_pad, t.d_pad, t.d, vector_rows, keys, st,
+              kBlockM);
+  const ScoreView view = transposed_scores(ws);
+  if (units.logits) to_logits(p, seq, b.r0, b.r1, n0 + b.k0, keys, ws, view);
+  mask(b.r0, b.r1, n0 + b.k0, keys, ws, view);
+  kern.tile_max(st, kBlockM, vector_rows, keys, ws.tile_max.data() + b.r0);
+  const bool rescale = online_softmax(kern, units, b.r0, b.r1, ws, [&](const float* offset, float* tile_sum) {
+    kern.exp2_sum(st, kBlockM, vector_rows, keys, units.scale_log2, offset + b.r0, tile_sum + b.r0);
+  });
+  kern.pv(st, kBlockM, v_tile + size_t(b.k0) * t.d_pad, t.d_pad, b.r1 - b.r0, keys, t.d_pad,
+          rescale ? ws.correction.data() + b.r0 : nullptr, ws.o.data() + size_t(b.r0) * t.d_pad, t.d_pad);
+}
+
 // S: the compute and output storage; QS, KS: the storage of q and of k, v (S, or E4m3).
 template <typename S, typename QS, typename KS>
 void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<float>& packed,
@@ -577,15 +643,9 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
       k_tile = &packed.k[packed.offset(w.b, hk, n_block)];
       v_tile = &packed.v[packed.offset(w.b, hk, n_block)];
     }
-    kern.scores(ws.qt.data(), kQtLd, k_tile, t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
-    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
-    mask(rows, n0, keys, ws, transposed_scores(ws));
-    kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
-    const bool rescale = online_softmax(kern, units, rows, ws, [&](const float* offset, float* tile_sum) {
-      kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, offset, tile_sum);
-    });
-    kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, rescale ? ws.correction.data() : nullptr,
-            ws.o.data(), t.d_pad);
+    TileBlock blocks[kBlockM / kMaskedRowGroup];
+    const int count = visible_blocks(rows, n0, keys, ws, blocks);
+    for (int i = 0; i < count; ++i) fp32_block_step(p, kern, seq, units, blocks[i], n0, k_tile, v_tile, t, ws);
   }
   store<S>(p, kern, seq, w, units, rows, t, ws);
 }
@@ -680,10 +740,10 @@ void run_work_item_bf16(const AttnParams& p, const TileKernels& kern, const Bf16
       v_vnni = &packed.v[packed.offset(w.b, hk, n_block)];
     }
     bf16.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
-    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
-    mask(rows, n0, keys, ws, row_major_scores(ws, width));
+    if (units.logits) to_logits(p, seq, 0, rows, n0, keys, ws, row_major_scores(ws, width));
+    mask(0, rows, n0, keys, ws, row_major_scores(ws, width));
     bf16.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
-    const bool rescale = online_softmax(kern, units, rows, ws, [&](const float* offset, float* tile_sum) {
+    const bool rescale = online_softmax(kern, units, 0, rows, ws, [&](const float* offset, float* tile_sum) {
       bf16.row_exp2_sum(ws.s.data(), width, rows, rows_pad, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
     });
     if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
