@@ -44,8 +44,8 @@ static_assert(kBlockM % kRowLanes == 0, "tile rows pad to whole row vectors");
 // (D-76: scores on one hot tile 179-186 -> 191-200 GFLOP/s).
 constexpr int kQtLd = kBlockM + kRowLanes;
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-int round_up(int a, int b) { return ceil_div(a, b) * b; }
+constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 struct WorkItem {
   int b;
@@ -88,6 +88,42 @@ TileShape tile_shape(const AttnParams& p) {
   return TileShape{p.head_dim, round_up(p.head_dim, kRowLanes), splitkv_block_n(p.head_dim)};
 }
 
+// The fp32 K and V tiles as the kernel set reads them (kernels.h): K in blocks of k_block keys,
+// column by column; V in strips of v_cols columns, key by key (a set that reads rows: one strip
+// of d_pad columns, which is one key per row).
+struct KvLayout {
+  int d_pad;
+  int k_block;      // keys per K block
+  int v_cols;       // columns per V strip
+  int ld_v;         // the kernels' ld_v: strips n * v_cols apart, or rows d_pad apart
+  size_t k_elems;   // one K tile: n keys (a multiple of k_block) x d_pad
+  size_t v_elems;   // one V tile: its strips
+
+  size_t k_offset(int j) const { return size_t(j) * d_pad; }  // key j (a multiple of k_block)
+  size_t v_offset(int j) const { return size_t(j) * v_cols; }  // key j in every strip
+  // Key j's row (d_pad floats, zero past d) into the tiles.
+  void put_k(const float* row, int j, float* k_tile) const {
+    float* at = k_tile + size_t(j / k_block) * k_block * d_pad + j % k_block;
+    for (int c = 0; c < d_pad; ++c) at[size_t(c) * k_block] = row[c];
+  }
+  void put_v(const float* row, int j, float* v_tile) const {
+    for (int c0 = 0; c0 < d_pad; c0 += v_cols) {
+      std::copy_n(row + c0, std::min(v_cols, d_pad - c0), v_tile + size_t(c0 / v_cols) * ld_v + v_offset(j));
+    }
+  }
+};
+
+KvLayout kv_layout(const TileKernels& kern, const TileShape& t) {
+  KvLayout l;
+  l.d_pad = t.d_pad;
+  l.k_block = kern.k_block;
+  l.v_cols = kern.v_cols > 0 ? kern.v_cols : t.d_pad;
+  l.ld_v = kern.v_cols > 0 ? t.n * kern.v_cols : t.d_pad;
+  l.k_elems = size_t(round_up(t.n, l.k_block)) * t.d_pad;
+  l.v_elems = size_t(t.n) * round_up(t.d_pad, l.v_cols);
+  return l;
+}
+
 // Scratch of one worker, reused across its work items and, through the pool below, across
 // calls. Allocated for one tile shape, the fp32 tiles or the bf16 ones as the call needs.
 struct Scratch {
@@ -100,8 +136,8 @@ struct Scratch {
   // fp32 tiles (kernels.h layouts):
   AlignedVector<float> q_rows;           // (kBlockM, d)      query rows
   AlignedVector<float> qt;               // (d, kQtLd)        query rows transposed
-  AlignedVector<float> k;                // (n, d_pad)        key tile
-  AlignedVector<float> v;                // (n, d_pad)        value tile, zero past column d
+  AlignedVector<float> k;                // KvLayout k_elems  key tile
+  AlignedVector<float> v;                // KvLayout v_elems  value tile, zero past column d
   AlignedVector<float> st;               // (n, kBlockM)      scores, then probabilities
   // bf16 tiles (AMX or AVX512-BF16):
   AlignedVector<uint16_t> q16;             // (kBlockM, d)  query rows
@@ -125,7 +161,7 @@ struct Scratch {
 // level with 4 (GFLOP/s, best of 6 alternating calls).
 constexpr int kBf16TilesPerStep = 4;
 
-void allocate(Scratch& ws, const TileShape& t, bool bf16) {
+void allocate(Scratch& ws, const TileShape& t, const KvLayout& kv, bool bf16) {
   if (ws.d != t.d || ws.n != t.n) {
     ws = Scratch{};
     ws.d = t.d;
@@ -137,11 +173,11 @@ void allocate(Scratch& ws, const TileShape& t, bool bf16) {
       row_vector->assign(kBlockM, 0.0f);
     }
   }
-  if (!bf16 && !ws.fp32_tiles) {
+  if (!bf16 && (!ws.fp32_tiles || ws.k.size() != kv.k_elems || ws.v.size() != kv.v_elems)) {
     ws.q_rows.assign(size_t(kBlockM) * t.d, 0.0f);
     ws.qt.assign(size_t(t.d) * kQtLd, 0.0f);
-    ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
-    ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
+    ws.k.assign(kv.k_elems, 0.0f);
+    ws.v.assign(kv.v_elems, 0.0f);
     ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
     ws.fp32_tiles = true;
   }
@@ -296,25 +332,30 @@ void init_state(int rows, const TileShape& t, Scratch& ws) {
   std::fill(ws.state.begin(), ws.state.begin() + rows, SoftmaxRowState::empty());
 }
 
-// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad,
-// times the FP8 k / v descale; V's columns past d zero), each key's row found through the page
-// table when K/V are paged: pages are read in place. KS: the storage of k and v.
+// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst in the kernels' layout (fp32, times
+// the FP8 k / v descale; columns past d zero, and the keys that fill up K's last block zero),
+// each key's row found through the page table when K/V are paged: pages are read in place. KS:
+// the storage of k and v.
 template <typename KS>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
-                  const TileShape& t, float* k_dst, float* v_dst) {
+                  const TileShape& t, const KvLayout& kv, float* k_dst, float* v_dst) {
   using T = typename KS::Element;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   const float k_scale = k_descale(p, b, hk), v_scale = v_descale(p, b, hk);
+  float row[round_up(kMaxHeadDim, kRowLanes)] = {};  // zero past d
   for (int j = 0; j < keys; ++j) {
     const T* k_row =
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
     const T* v_row =
         v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_scale);
-    load_row<KS>(v_row, t.d, v_dst + size_t(j) * t.d_pad, v_scale);
-    std::fill(v_dst + size_t(j) * t.d_pad + t.d, v_dst + size_t(j + 1) * t.d_pad, 0.0f);
+    load_row<KS>(k_row, t.d, row, k_scale);
+    kv.put_k(row, j, k_dst);
+    load_row<KS>(v_row, t.d, row, v_scale);
+    kv.put_v(row, j, v_dst);
   }
+  std::fill_n(row, t.d, 0.0f);
+  for (int j = keys; j % kv.k_block != 0; ++j) kv.put_k(row, j, k_dst);
 }
 
 // ---- K/V packed once per call ------------------------------------------------------------------
@@ -410,12 +451,12 @@ PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_ele
 }
 
 template <typename KS>
-PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t) {
-  return pack_all_kv<float>(p, t, size_t(t.n) * t.d_pad,
+PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t, const KvLayout& kv) {
+  return pack_all_kv<float>(p, t, std::max(kv.k_elems, kv.v_elems),
                             [&](int b, int hk, int n_block, float* k_dst, float* v_dst, int) {
     const SeqInfo seq = seq_info(p, b);
     const int n0 = n_block * t.n;
-    load_kv_tile<KS>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, k_dst, v_dst);
+    load_kv_tile<KS>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, kv, k_dst, v_dst);
   });
 }
 
@@ -572,8 +613,9 @@ static_assert(kMaskedRowGroup % kRowLanes == 0, "row groups start on whole row v
 // group sees (none: no block). A causal diagonal tile's upper triangle is left out at the
 // group's grain, instead of computed and masked to -inf: the rows and keys left out would add
 // exp2(-inf) = 0 to the sums and 0 x V to the accumulators, so the result is the same. Returns
-// the number of blocks written to `blocks` (at most kBlockM / kMaskedRowGroup).
-int visible_blocks(int rows, int n0, int keys, const Scratch& ws, TileBlock* blocks) {
+// the number of blocks written to `blocks` (at most kBlockM / kMaskedRowGroup). A block's first
+// key is a multiple of key_block (the K layout's blocks); keys before a row's range are masked.
+int visible_blocks(int rows, int n0, int keys, int key_block, const Scratch& ws, TileBlock* blocks) {
   bool whole = true;
   for (int r = 0; r < rows && whole; ++r) whole = ws.rows[r].keys.lo <= n0 && ws.rows[r].keys.hi >= n0 + keys;
   if (whole) {
@@ -591,7 +633,7 @@ int visible_blocks(int rows, int n0, int keys, const Scratch& ws, TileBlock* blo
       k0 = std::min(k0, lo);
       k1 = std::max(k1, hi);
     }
-    if (k0 < k1) blocks[count++] = TileBlock{r0, r1, k0, k1};
+    if (k0 < k1) blocks[count++] = TileBlock{r0, r1, k0 / key_block * key_block, k1};
   }
   return count;
 }
@@ -602,12 +644,11 @@ int visible_blocks(int rows, int n0, int keys, const Scratch& ws, TileBlock* blo
 // first row.
 void fp32_block_step(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const ScoreUnits& units,
                      const TileBlock& b, int n0, const float* k_tile, const float* v_tile, const TileShape& t,
-                     Scratch& ws) {
+                     const KvLayout& kv, Scratch& ws) {
   const int keys = b.k1 - b.k0;
   const int vector_rows = round_up(b.r1, kern.row_lanes) - b.r0;
   float* st = ws.st.data() + b.r0;
-  kern.scores(ws.qt.data() + b.r0, kQtLd, k_tile + size_t(b.k0) * t.d_pad, t.d_pad, t.d, vector_rows, keys, st,
-              kBlockM);
+  kern.scores(ws.qt.data() + b.r0, kQtLd, k_tile + kv.k_offset(b.k0), t.d_pad, t.d, vector_rows, keys, st, kBlockM);
   const ScoreView view = transposed_scores(ws);
   if (units.logits) to_logits(p, seq, b.r0, b.r1, n0 + b.k0, keys, ws, view);
   mask(b.r0, b.r1, n0 + b.k0, keys, ws, view);
@@ -615,15 +656,15 @@ void fp32_block_step(const AttnParams& p, const TileKernels& kern, const SeqInfo
   const bool rescale = online_softmax(kern, units, b.r0, b.r1, ws, [&](const float* offset, float* tile_sum) {
     kern.exp2_sum(st, kBlockM, vector_rows, keys, units.scale_log2, offset + b.r0, tile_sum + b.r0);
   });
-  kern.pv(st, kBlockM, v_tile + size_t(b.k0) * t.d_pad, t.d_pad, b.r1 - b.r0, keys, t.d_pad,
+  kern.pv(st, kBlockM, v_tile + kv.v_offset(b.k0), kv.ld_v, b.r1 - b.r0, keys, t.d_pad,
           rescale ? ws.correction.data() + b.r0 : nullptr, ws.o.data() + size_t(b.r0) * t.d_pad, t.d_pad);
 }
 
 // S: the compute and output storage; QS, KS: the storage of q and of k, v (S, or E4m3).
 template <typename S, typename QS, typename KS>
 void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<float>& packed,
-                   const ScoreUnits& units,
-                   const WorkItem& w, const TileShape& t, Scratch& ws) {
+                   const ScoreUnits& units, const WorkItem& w, const TileShape& t, const KvLayout& kv,
+                   Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
   const int rows_pad = round_up(rows, kern.row_lanes);
@@ -637,15 +678,15 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
     const float* k_tile = ws.k.data();
     const float* v_tile = ws.v.data();
     if (packed.empty()) {
-      load_kv_tile<KS>(p, seq, w.b, hk, n0, keys, t, ws.k.data(), ws.v.data());
+      load_kv_tile<KS>(p, seq, w.b, hk, n0, keys, t, kv, ws.k.data(), ws.v.data());
       prefetch_next_tile<typename KS::Element>(p, seq, w.b, hk, n_block, tiles, t);
     } else {
       k_tile = &packed.k[packed.offset(w.b, hk, n_block)];
       v_tile = &packed.v[packed.offset(w.b, hk, n_block)];
     }
     TileBlock blocks[kBlockM / kMaskedRowGroup];
-    const int count = visible_blocks(rows, n0, keys, ws, blocks);
-    for (int i = 0; i < count; ++i) fp32_block_step(p, kern, seq, units, blocks[i], n0, k_tile, v_tile, t, ws);
+    const int count = visible_blocks(rows, n0, keys, kv.k_block, ws, blocks);
+    for (int i = 0; i < count; ++i) fp32_block_step(p, kern, seq, units, blocks[i], n0, k_tile, v_tile, t, kv, ws);
   }
   store<S>(p, kern, seq, w, units, rows, t, ws);
 }
@@ -990,14 +1031,15 @@ void run_tiles(const AttnParams& p, const ScoreUnits& units) {
   CallScratch scratch(workers);
   const Bf16Kernels* bf16 = use_bf16_kernels(p) ? bf16_kernels() : nullptr;
   const PackedKV<uint16_t> packed_bf16 = bf16 != nullptr ? pack_all_kv_bf16(*bf16, p, shape) : PackedKV<uint16_t>{};
-  const PackedKV<float> packed = bf16 == nullptr ? pack_all_kv_fp32<KS>(p, shape) : PackedKV<float>{};
+  const KvLayout kv = kv_layout(kern, shape);
+  const PackedKV<float> packed = bf16 == nullptr ? pack_all_kv_fp32<KS>(p, shape, kv) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch.of(worker);
-    allocate(ws, shape, bf16 != nullptr);
+    allocate(ws, shape, kv, bf16 != nullptr);
     if (bf16 != nullptr) {
       run_work_item_bf16(p, kern, *bf16, packed_bf16, units, items[item], shape, ws);
     } else {
-      run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, ws);
+      run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, kv, ws);
     }
   });
 }

@@ -417,7 +417,7 @@ const DecodeKernels* avx2_decode_set() {
 }  // namespace
 
 const TileKernels* avx2_kernels() {
-  static const TileKernels kernels{"avx2", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
+  static const TileKernels kernels{"avx2", kLanes, 1, 0, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported ? &kernels : nullptr;
 }

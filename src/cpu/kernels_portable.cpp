@@ -161,7 +161,7 @@ bool kernel_level_allowed(KernelLevel level) {
 }
 
 const TileKernels& portable_kernels() {
-  static const TileKernels kernels{"portable", kRowLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
+  static const TileKernels kernels{"portable", kRowLanes, 1, 0, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   return kernels;
 }
 
