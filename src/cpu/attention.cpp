@@ -101,15 +101,19 @@ struct KvLayout {
 
   size_t k_offset(int j) const { return size_t(j) * d_pad; }  // key j (a multiple of k_block)
   size_t v_offset(int j) const { return size_t(j) * v_cols; }  // key j in every strip
-  // Key j's row (d_pad floats, zero past d) into the tiles.
+  // Key j's row (d_pad floats, zero past d) into the K tile.
   void put_k(const float* row, int j, float* k_tile) const {
     float* at = k_tile + size_t(j / k_block) * k_block * d_pad + j % k_block;
     for (int c = 0; c < d_pad; ++c) at[size_t(c) * k_block] = row[c];
   }
-  void put_v(const float* row, int j, float* v_tile) const {
-    for (int c0 = 0; c0 < d_pad; c0 += v_cols) {
-      std::copy_n(row + c0, std::min(v_cols, d_pad - c0), v_tile + size_t(c0 / v_cols) * ld_v + v_offset(j));
-    }
+  // Columns [c0, c0 + v_cols) of key j's d values (storage S, times descale) into their V strip,
+  // zero past d.
+  template <typename S>
+  void put_v(const typename S::Element* src, int d, float descale, int j, int c0, float* v_tile) const {
+    float* dst = v_tile + size_t(c0 / v_cols) * ld_v + v_offset(j);
+    const int width = std::min(v_cols, d_pad - c0), real = std::max(0, std::min(width, d - c0));
+    load_row<S>(src + c0, real, dst, descale);
+    std::fill(dst + real, dst + width, 0.0f);
   }
 };
 
@@ -347,15 +351,19 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
   for (int j = 0; j < keys; ++j) {
     const T* k_row =
         k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
-    const T* v_row =
-        v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
     load_row<KS>(k_row, t.d, row, k_scale);
     kv.put_k(row, j, k_dst);
-    load_row<KS>(v_row, t.d, row, v_scale);
-    kv.put_v(row, j, v_dst);
   }
   std::fill_n(row, t.d, 0.0f);
   for (int j = keys; j % kv.k_block != 0; ++j) kv.put_k(row, j, k_dst);
+  // V strip by strip, so that the stores run through one strip at a time.
+  for (int c0 = 0; c0 < t.d_pad; c0 += kv.v_cols) {
+    for (int j = 0; j < keys; ++j) {
+      const T* v_row =
+          v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
+      kv.put_v<KS>(v_row, t.d, v_scale, j, c0, v_dst);
+    }
+  }
 }
 
 // ---- K/V packed once per call ------------------------------------------------------------------
