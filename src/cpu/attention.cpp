@@ -101,10 +101,13 @@ struct KvLayout {
 
   size_t k_offset(int j) const { return size_t(j) * d_pad; }  // key j (a multiple of k_block)
   size_t v_offset(int j) const { return size_t(j) * v_cols; }  // key j in every strip
-  // Key j's row (d_pad floats, zero past d) into the K tile.
-  void put_k(const float* row, int j, float* k_tile) const {
-    float* at = k_tile + size_t(j / k_block) * k_block * d_pad + j % k_block;
-    for (int c = 0; c < d_pad; ++c) at[size_t(c) * k_block] = row[c];
+  // The K block of keys [j0, j0 + k_block) from their rows (k_block rows of ld_rows, d_pad
+  // floats each, zero past d), written in order.
+  void put_k_block(const float* rows, int ld_rows, int j0, float* k_tile) const {
+    float* at = k_tile + size_t(j0) * d_pad;
+    for (int c = 0; c < d_pad; ++c) {
+      for (int i = 0; i < k_block; ++i) at[size_t(c) * k_block + i] = rows[size_t(i) * ld_rows + c];
+    }
   }
   // Columns [c0, c0 + v_cols) of key j's d values (storage S, times descale) into their V strip,
   // zero past d.
@@ -347,15 +350,24 @@ void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   const float k_scale = k_descale(p, b, hk), v_scale = v_descale(p, b, hk);
-  float row[round_up(kMaxHeadDim, kRowLanes)] = {};  // zero past d
-  for (int j = 0; j < keys; ++j) {
-    const T* k_row =
-        k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
-    load_row<KS>(k_row, t.d, row, k_scale);
-    kv.put_k(row, j, k_dst);
+  // K a block of keys at a time: its rows converted into a buffer (zero past d, and zero rows for
+  // the keys that fill up the last block), then written block-column by block-column (a
+  // stride-k_block scatter of each row measured 3.0% of a 1-thread call against 1.8%).
+  constexpr int kRowLength = round_up(kMaxHeadDim, kRowLanes);
+  float rows[kMaxKeyBlock * kRowLength] = {};
+  for (int j0 = 0; j0 < keys; j0 += kv.k_block) {
+    for (int i = 0; i < kv.k_block; ++i) {
+      float* row = rows + size_t(i) * kRowLength;
+      if (j0 + i < keys) {
+        const T* k_row =
+            k + kv_row_offset(p, seq, b, n0 + j0 + i, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
+        load_row<KS>(k_row, t.d, row, k_scale);
+      } else {
+        std::fill_n(row, t.d, 0.0f);
+      }
+    }
+    kv.put_k_block(rows, kRowLength, j0, k_dst);
   }
-  std::fill_n(row, t.d, 0.0f);
-  for (int j = keys; j % kv.k_block != 0; ++j) kv.put_k(row, j, k_dst);
   // V strip by strip, so that the stores run through one strip at a time.
   for (int c0 = 0; c0 < t.d_pad; c0 += kv.v_cols) {
     for (int j = 0; j < keys; ++j) {

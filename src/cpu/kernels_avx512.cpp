@@ -30,6 +30,7 @@ static_assert(kLanes == kRowLanes, "the row passes run one zmm of rows at a time
 // microbenchmark, 1 thread, K/V from L3 (8 MB): scores 180-186 -> 195 GFLOP/s, P.V 149-153 ->
 // 165 (D-76).
 constexpr int kPvCols = kPvVecs * kLanes;
+static_assert(kScoreKeys <= kMaxKeyBlock, "the walk's K pack buffers kMaxKeyBlock rows");
 
 // ---- scores: st (keys x rows) = k (keys x d) . qt (d x rows) ---------------------------------
 
