@@ -37,8 +37,15 @@ namespace {
 constexpr int kBlockM = kQueryTileRows;
 static_assert(kBlockM % kRowLanes == 0, "tile rows pad to whole row vectors");
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-int round_up(int a, int b) { return ceil_div(a, b) * b; }
+// Leading dimension of the transposed query tile qt: one row vector past kBlockM, so that its
+// rows (head-dim columns) do not lie a multiple of 512 bytes apart. At 512 bytes, a 32-row
+// strip of qt (what the AVX-512 scores block streams over the head dim, 16 KB at d = 128)
+// falls into 16 of L1's 64 sets, 12 KB of capacity, and is read from L2 for every key block
+// (D-76: scores on one hot tile 179-186 -> 191-200 GFLOP/s).
+constexpr int kQtLd = kBlockM + kRowLanes;
+
+constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 struct WorkItem {
   int b;
@@ -81,6 +88,49 @@ TileShape tile_shape(const AttnParams& p) {
   return TileShape{p.head_dim, round_up(p.head_dim, kRowLanes), splitkv_block_n(p.head_dim)};
 }
 
+// The fp32 K and V tiles as the kernel set reads them (kernels.h): K in blocks of k_block keys,
+// column by column; V in strips of v_cols columns, key by key (a set that reads rows: one strip
+// of d_pad columns, which is one key per row).
+struct KvLayout {
+  int d_pad;
+  int k_block;      // keys per K block
+  int v_cols;       // columns per V strip
+  int ld_v;         // the kernels' ld_v: strips n * v_cols apart, or rows d_pad apart
+  size_t k_elems;   // one K tile: n keys (a multiple of k_block) x d_pad
+  size_t v_elems;   // one V tile: its strips
+
+  size_t k_offset(int j) const { return size_t(j) * d_pad; }  // key j (a multiple of k_block)
+  size_t v_offset(int j) const { return size_t(j) * v_cols; }  // key j in every strip
+  // The K block of keys [j0, j0 + k_block) from their rows (k_block rows of ld_rows, d_pad
+  // floats each, zero past d), written in order.
+  void put_k_block(const float* rows, int ld_rows, int j0, float* k_tile) const {
+    float* at = k_tile + size_t(j0) * d_pad;
+    for (int c = 0; c < d_pad; ++c) {
+      for (int i = 0; i < k_block; ++i) at[size_t(c) * k_block + i] = rows[size_t(i) * ld_rows + c];
+    }
+  }
+  // Columns [c0, c0 + v_cols) of key j's d values (storage S, times descale) into their V strip,
+  // zero past d.
+  template <typename S>
+  void put_v(const typename S::Element* src, int d, float descale, int j, int c0, float* v_tile) const {
+    float* dst = v_tile + size_t(c0 / v_cols) * ld_v + v_offset(j);
+    const int width = std::min(v_cols, d_pad - c0), real = std::max(0, std::min(width, d - c0));
+    load_row<S>(src + c0, real, dst, descale);
+    std::fill(dst + real, dst + width, 0.0f);
+  }
+};
+
+KvLayout kv_layout(const TileKernels& kern, const TileShape& t) {
+  KvLayout l;
+  l.d_pad = t.d_pad;
+  l.k_block = kern.k_block;
+  l.v_cols = kern.v_cols > 0 ? kern.v_cols : t.d_pad;
+  l.ld_v = kern.v_cols > 0 ? t.n * kern.v_cols : t.d_pad;
+  l.k_elems = size_t(round_up(t.n, l.k_block)) * t.d_pad;
+  l.v_elems = size_t(t.n) * round_up(t.d_pad, l.v_cols);
+  return l;
+}
+
 // Scratch of one worker, reused across its work items and, through the pool below, across
 // calls. Allocated for one tile shape, the fp32 tiles or the bf16 ones as the call needs.
 struct Scratch {
@@ -92,9 +142,9 @@ struct Scratch {
   AlignedVector<float> tile_max, offset, tile_sum, correction;  // (kBlockM) per-row passes
   // fp32 tiles (kernels.h layouts):
   AlignedVector<float> q_rows;           // (kBlockM, d)      query rows
-  AlignedVector<float> qt;               // (d, kBlockM)      query rows transposed
-  AlignedVector<float> k;                // (n, d_pad)        key tile
-  AlignedVector<float> v;                // (n, d_pad)        value tile, zero past column d
+  AlignedVector<float> qt;               // (d, kQtLd)        query rows transposed
+  AlignedVector<float> k;                // KvLayout k_elems  key tile
+  AlignedVector<float> v;                // KvLayout v_elems  value tile, zero past column d
   AlignedVector<float> st;               // (n, kBlockM)      scores, then probabilities
   // bf16 tiles (AMX or AVX512-BF16):
   AlignedVector<uint16_t> q16;             // (kBlockM, d)  query rows
@@ -118,7 +168,7 @@ struct Scratch {
 // level with 4 (GFLOP/s, best of 6 alternating calls).
 constexpr int kBf16TilesPerStep = 4;
 
-void allocate(Scratch& ws, const TileShape& t, bool bf16) {
+void allocate(Scratch& ws, const TileShape& t, const KvLayout& kv, bool bf16) {
   if (ws.d != t.d || ws.n != t.n) {
     ws = Scratch{};
     ws.d = t.d;
@@ -130,11 +180,11 @@ void allocate(Scratch& ws, const TileShape& t, bool bf16) {
       row_vector->assign(kBlockM, 0.0f);
     }
   }
-  if (!bf16 && !ws.fp32_tiles) {
+  if (!bf16 && (!ws.fp32_tiles || ws.k.size() != kv.k_elems || ws.v.size() != kv.v_elems)) {
     ws.q_rows.assign(size_t(kBlockM) * t.d, 0.0f);
-    ws.qt.assign(size_t(t.d) * kBlockM, 0.0f);
-    ws.k.assign(size_t(t.n) * t.d_pad, 0.0f);
-    ws.v.assign(size_t(t.n) * t.d_pad, 0.0f);
+    ws.qt.assign(size_t(t.d) * kQtLd, 0.0f);
+    ws.k.assign(kv.k_elems, 0.0f);
+    ws.v.assign(kv.v_elems, 0.0f);
     ws.st.assign(size_t(t.n) * kBlockM, 0.0f);
     ws.fp32_tiles = true;
   }
@@ -281,7 +331,7 @@ void load_q(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, co
     load_row<QS>(q + q_offset(p, seq, w.b, row.query, row.head), t.d, &ws.q_rows[size_t(r) * t.d], descale);
   }
   std::fill(ws.q_rows.begin() + size_t(rows) * t.d, ws.q_rows.begin() + size_t(rows_pad) * t.d, 0.0f);
-  kern.transpose(ws.q_rows.data(), t.d, rows_pad, t.d, ws.qt.data(), kBlockM);
+  kern.transpose(ws.q_rows.data(), t.d, rows_pad, t.d, ws.qt.data(), kQtLd);
 }
 
 void init_state(int rows, const TileShape& t, Scratch& ws) {
@@ -289,24 +339,43 @@ void init_state(int rows, const TileShape& t, Scratch& ws) {
   std::fill(ws.state.begin(), ws.state.begin() + rows, SoftmaxRowState::empty());
 }
 
-// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst (fp32, one key per row of d_pad,
-// times the FP8 k / v descale; V's columns past d zero), each key's row found through the page
-// table when K/V are paged: pages are read in place. KS: the storage of k and v.
+// Keys [n0, n0 + keys) of KV head hk into k_dst and v_dst in the kernels' layout (fp32, times
+// the FP8 k / v descale; columns past d zero, and the keys that fill up K's last block zero),
+// each key's row found through the page table when K/V are paged: pages are read in place. KS:
+// the storage of k and v.
 template <typename KS>
 void load_kv_tile(const AttnParams& p, const SeqInfo& seq, int b, int hk, int n0, int keys,
-                  const TileShape& t, float* k_dst, float* v_dst) {
+                  const TileShape& t, const KvLayout& kv, float* k_dst, float* v_dst) {
   using T = typename KS::Element;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   const float k_scale = k_descale(p, b, hk), v_scale = v_descale(p, b, hk);
-  for (int j = 0; j < keys; ++j) {
-    const T* k_row =
-        k + kv_row_offset(p, seq, b, n0 + j, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
-    const T* v_row =
-        v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
-    load_row<KS>(k_row, t.d, k_dst + size_t(j) * t.d_pad, k_scale);
-    load_row<KS>(v_row, t.d, v_dst + size_t(j) * t.d_pad, v_scale);
-    std::fill(v_dst + size_t(j) * t.d_pad + t.d, v_dst + size_t(j + 1) * t.d_pad, 0.0f);
+  // K a block of keys at a time: its rows converted into a buffer (zero past d, and zero rows for
+  // the keys that fill up the last block), then written in order, block column by block column
+  // (D-76: the pack with each row scattered at a stride of k_block took 6.3% of a 1-thread fp32
+  // call's samples, this 4.4%).
+  constexpr int kRowLength = round_up(kMaxHeadDim, kRowLanes);
+  float rows[kMaxKeyBlock * kRowLength] = {};
+  for (int j0 = 0; j0 < keys; j0 += kv.k_block) {
+    for (int i = 0; i < kv.k_block; ++i) {
+      float* row = rows + size_t(i) * kRowLength;
+      if (j0 + i < keys) {
+        const T* k_row =
+            k + kv_row_offset(p, seq, b, n0 + j0 + i, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hk);
+        load_row<KS>(k_row, t.d, row, k_scale);
+      } else {
+        std::fill_n(row, t.d, 0.0f);
+      }
+    }
+    kv.put_k_block(rows, kRowLength, j0, k_dst);
+  }
+  // V strip by strip, so that the stores run through one strip at a time.
+  for (int c0 = 0; c0 < t.d_pad; c0 += kv.v_cols) {
+    for (int j = 0; j < keys; ++j) {
+      const T* v_row =
+          v + kv_row_offset(p, seq, b, n0 + j, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hk);
+      kv.put_v<KS>(v_row, t.d, v_scale, j, c0, v_dst);
+    }
   }
 }
 
@@ -403,12 +472,12 @@ PackedKV<T> pack_all_kv(const AttnParams& p, const TileShape& t, size_t tile_ele
 }
 
 template <typename KS>
-PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t) {
-  return pack_all_kv<float>(p, t, size_t(t.n) * t.d_pad,
+PackedKV<float> pack_all_kv_fp32(const AttnParams& p, const TileShape& t, const KvLayout& kv) {
+  return pack_all_kv<float>(p, t, std::max(kv.k_elems, kv.v_elems),
                             [&](int b, int hk, int n_block, float* k_dst, float* v_dst, int) {
     const SeqInfo seq = seq_info(p, b);
     const int n0 = n_block * t.n;
-    load_kv_tile<KS>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, k_dst, v_dst);
+    load_kv_tile<KS>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t, kv, k_dst, v_dst);
   });
 }
 
@@ -456,11 +525,12 @@ FA_PREFETCH_HELPER void prefetch_next_tile(const AttnParams& p, const SeqInfo& s
   prefetch_kv_tile<T>(p, seq, b, hk, n0, std::min(t.n, seq.seqlen_k - n0), t);
 }
 
-// Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h).
-void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int keys,
+// Scores -> logits where the units ask for it: softcap, scale, ALiBi (rules.h), for rows
+// [r0, r1) and keys [n0, n0 + keys) (view.at(r, j) is key n0 + j).
+void to_logits(const AttnParams& p, const SeqInfo& seq, int r0, int r1, int n0, int keys,
                const Scratch& ws, const ScoreView& view) {
   const bool alibi = p.alibi_slopes != nullptr;
-  for (int r = 0; r < rows; ++r) {
+  for (int r = r0; r < r1; ++r) {
     const TileRow& row = ws.rows[r];
     for (int j = 0; j < keys; ++j) {
       float& x = view.at(r, j);
@@ -470,10 +540,10 @@ void to_logits(const AttnParams& p, const SeqInfo& seq, int rows, int n0, int ke
   }
 }
 
-// -inf for the keys of the tile that a row does not see (only rows whose visible range does
-// not cover the whole tile have any).
-void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) {
-  for (int r = 0; r < rows; ++r) {
+// -inf for the keys [n0, n0 + keys) that a row of [r0, r1) does not see (only rows whose
+// visible range does not cover them all have any).
+void mask(int r0, int r1, int n0, int keys, const Scratch& ws, const ScoreView& view) {
+  for (int r = r0; r < r1; ++r) {
     const KeyRange& visible = ws.rows[r].keys;
     const int lo = std::min(std::max(visible.lo - n0, 0), keys);
     const int hi = std::max(std::min(visible.hi - n0, keys), lo);
@@ -482,26 +552,28 @@ void mask(int rows, int n0, int keys, const Scratch& ws, const ScoreView& view) 
   }
 }
 
-// One online-softmax step over the tile: each row's state takes the tile's max (raise_max),
-// the scores become probabilities exp2(x * scale_log2 - offset) and add to the state's sum,
-// and the accumulator rows are rescaled where the max moved. A row with a NaN score gets a NaN
-// sum (and so a NaN output); a row without a visible key keeps max -inf and sum 0.
-// exp2_sum(offsets, sums) is the layout's probability pass.
+// One online-softmax step over the tile for rows [r0, r1) (r0 a multiple of the set's
+// row_lanes): each row's state takes the tile's max (raise_max), the scores become
+// probabilities exp2(x * scale_log2 - offset) and add to the state's sum. Returns whether any
+// accumulator row must be rescaled (by ws.correction) where its max moved, which the caller
+// does. A row with a NaN score gets a NaN sum (and so a NaN output); a row without a visible
+// key keeps max -inf and sum 0. exp2_sum(offsets, sums) is the layout's probability pass (the
+// row arrays whole: rows [r0, r1) at their own index).
 template <typename Exp2Sum>
-void online_softmax(const TileKernels& kern, const ScoreUnits& units, int rows, const TileShape& t,
-                    Scratch& ws, Exp2Sum exp2_sum) {
-  const int rows_pad = round_up(rows, kern.row_lanes);
+bool online_softmax(const TileKernels& kern, const ScoreUnits& units, int r0, int r1, Scratch& ws,
+                    Exp2Sum exp2_sum) {
+  const int pad_end = round_up(r1, kern.row_lanes);
   bool rescale = false;
-  for (int r = 0; r < rows; ++r) {
+  for (int r = r0; r < r1; ++r) {
     SoftmaxRowState& state = ws.state[r];
     ws.correction[r] = state.raise_max(std::max(state.max, ws.tile_max[r]), units.scale_log2);
     ws.offset[r] = state.exp2_offset(units.scale_log2);
     rescale = rescale || ws.correction[r] != 1.0f;
   }
-  std::fill(ws.offset.begin() + rows, ws.offset.begin() + rows_pad, 0.0f);
+  std::fill(ws.offset.begin() + r1, ws.offset.begin() + pad_end, 0.0f);
   exp2_sum(ws.offset.data(), ws.tile_sum.data());
-  for (int r = 0; r < rows; ++r) ws.state[r].sum += ws.tile_sum[r];
-  if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
+  for (int r = r0; r < r1; ++r) ws.state[r].sum += ws.tile_sum[r];
+  return rescale;
 }
 
 // One finished row: o_row / sum into out (storage dtype) and lse, or into the split partials of
@@ -546,11 +618,74 @@ void store(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, con
   }
 }
 
+// Rows [r0, r1) of a query tile against keys [k0, k1) of a key tile (tile-relative): the part
+// of a tile that one pass of the products covers.
+struct TileBlock {
+  int r0, r1, k0, k1;
+};
+
+// Rows per block of a key tile that some rows see only in part (a causal diagonal tile): a whole
+// row strip of the AVX-512 scores (two vectors), a multiple of every set's row_lanes.
+constexpr int kMaskedRowGroup = 32;
+static_assert(kMaskedRowGroup % kRowLanes == 0, "row groups start on whole row vectors");
+
+// The blocks of key tile [n0, n0 + keys) that the tile's rows see: the whole tile where every
+// row sees every key; otherwise, per group of kMaskedRowGroup rows, the keys that some row of the
+// group sees (none: no block). A causal diagonal tile's upper triangle is left out at the
+// group's grain, instead of computed and masked to -inf: the rows and keys left out would add
+// exp2(-inf) = 0 to the sums and 0 x V to the accumulators, so the result is the same. Returns
+// the number of blocks written to `blocks` (at most kBlockM / kMaskedRowGroup). A block's first
+// key is a multiple of key_block (the K layout's blocks); keys before a row's range are masked.
+int visible_blocks(int rows, int n0, int keys, int key_block, const Scratch& ws, TileBlock* blocks) {
+  bool whole = true;
+  for (int r = 0; r < rows && whole; ++r) whole = ws.rows[r].keys.lo <= n0 && ws.rows[r].keys.hi >= n0 + keys;
+  if (whole) {
+    blocks[0] = TileBlock{0, rows, 0, keys};
+    return 1;
+  }
+  int count = 0;
+  for (int r0 = 0; r0 < rows; r0 += kMaskedRowGroup) {
+    const int r1 = std::min(r0 + kMaskedRowGroup, rows);
+    int k0 = keys, k1 = 0;
+    for (int r = r0; r < r1; ++r) {
+      const KeyRange& visible = ws.rows[r].keys;
+      const int lo = std::max(visible.lo - n0, 0), hi = std::min(visible.hi - n0, keys);
+      if (lo >= hi) continue;
+      k0 = std::min(k0, lo);
+      k1 = std::max(k1, hi);
+    }
+    if (k0 < k1) blocks[count++] = TileBlock{r0, r1, k0 / key_block * key_block, k1};
+  }
+  return count;
+}
+
+// One online-softmax step of the fp32 walk over a block of the tile (k_tile, v_tile: the whole
+// key tile, keys [n0, ...)): scores, logits, mask, tile max, exp2 and sums, rescale and P.V for
+// the block's rows. The score tile keeps the rows at their index and the block's keys from its
+// first row.
+void fp32_block_step(const AttnParams& p, const TileKernels& kern, const SeqInfo& seq, const ScoreUnits& units,
+                     const TileBlock& b, int n0, const float* k_tile, const float* v_tile, const TileShape& t,
+                     const KvLayout& kv, Scratch& ws) {
+  const int keys = b.k1 - b.k0;
+  const int vector_rows = round_up(b.r1, kern.row_lanes) - b.r0;
+  float* st = ws.st.data() + b.r0;
+  kern.scores(ws.qt.data() + b.r0, kQtLd, k_tile + kv.k_offset(b.k0), t.d_pad, t.d, vector_rows, keys, st, kBlockM);
+  const ScoreView view = transposed_scores(ws);
+  if (units.logits) to_logits(p, seq, b.r0, b.r1, n0 + b.k0, keys, ws, view);
+  mask(b.r0, b.r1, n0 + b.k0, keys, ws, view);
+  kern.tile_max(st, kBlockM, vector_rows, keys, ws.tile_max.data() + b.r0);
+  const bool rescale = online_softmax(kern, units, b.r0, b.r1, ws, [&](const float* offset, float* tile_sum) {
+    kern.exp2_sum(st, kBlockM, vector_rows, keys, units.scale_log2, offset + b.r0, tile_sum + b.r0);
+  });
+  kern.pv(st, kBlockM, v_tile + kv.v_offset(b.k0), kv.ld_v, b.r1 - b.r0, keys, t.d_pad,
+          rescale ? ws.correction.data() + b.r0 : nullptr, ws.o.data() + size_t(b.r0) * t.d_pad, t.d_pad);
+}
+
 // S: the compute and output storage; QS, KS: the storage of q and of k, v (S, or E4m3).
 template <typename S, typename QS, typename KS>
 void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<float>& packed,
-                   const ScoreUnits& units,
-                   const WorkItem& w, const TileShape& t, Scratch& ws) {
+                   const ScoreUnits& units, const WorkItem& w, const TileShape& t, const KvLayout& kv,
+                   Scratch& ws) {
   const SeqInfo seq = seq_info(p, w.b);
   const int rows = tile_rows(p, seq, w, ws);
   const int rows_pad = round_up(rows, kern.row_lanes);
@@ -564,20 +699,15 @@ void run_work_item(const AttnParams& p, const TileKernels& kern, const PackedKV<
     const float* k_tile = ws.k.data();
     const float* v_tile = ws.v.data();
     if (packed.empty()) {
-      load_kv_tile<KS>(p, seq, w.b, hk, n0, keys, t, ws.k.data(), ws.v.data());
+      load_kv_tile<KS>(p, seq, w.b, hk, n0, keys, t, kv, ws.k.data(), ws.v.data());
       prefetch_next_tile<typename KS::Element>(p, seq, w.b, hk, n_block, tiles, t);
     } else {
       k_tile = &packed.k[packed.offset(w.b, hk, n_block)];
       v_tile = &packed.v[packed.offset(w.b, hk, n_block)];
     }
-    kern.scores(ws.qt.data(), kBlockM, k_tile, t.d_pad, t.d, rows_pad, keys, ws.st.data(), kBlockM);
-    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, transposed_scores(ws));
-    mask(rows, n0, keys, ws, transposed_scores(ws));
-    kern.tile_max(ws.st.data(), kBlockM, rows_pad, keys, ws.tile_max.data());
-    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
-      kern.exp2_sum(ws.st.data(), kBlockM, rows_pad, keys, units.scale_log2, offset, tile_sum);
-    });
-    kern.pv(ws.st.data(), kBlockM, v_tile, t.d_pad, rows, keys, t.d_pad, ws.o.data(), t.d_pad);
+    TileBlock blocks[kBlockM / kMaskedRowGroup];
+    const int count = visible_blocks(rows, n0, keys, kv.k_block, ws, blocks);
+    for (int i = 0; i < count; ++i) fp32_block_step(p, kern, seq, units, blocks[i], n0, k_tile, v_tile, t, kv, ws);
   }
   store<S>(p, kern, seq, w, units, rows, t, ws);
 }
@@ -672,12 +802,13 @@ void run_work_item_bf16(const AttnParams& p, const TileKernels& kern, const Bf16
       v_vnni = &packed.v[packed.offset(w.b, hk, n_block)];
     }
     bf16.scores(ws.q16.data(), rows_pad, t.d, k_vnni, t.n, width, ws.s.data());
-    if (units.logits) to_logits(p, seq, rows, n0, keys, ws, row_major_scores(ws, width));
-    mask(rows, n0, keys, ws, row_major_scores(ws, width));
+    if (units.logits) to_logits(p, seq, 0, rows, n0, keys, ws, row_major_scores(ws, width));
+    mask(0, rows, n0, keys, ws, row_major_scores(ws, width));
     bf16.row_max(ws.s.data(), width, rows, keys, ws.tile_max.data());
-    online_softmax(kern, units, rows, t, ws, [&](const float* offset, float* tile_sum) {
+    const bool rescale = online_softmax(kern, units, 0, rows, ws, [&](const float* offset, float* tile_sum) {
       bf16.row_exp2_sum(ws.s.data(), width, rows, rows_pad, keys, units.scale_log2, offset, tile_sum, ws.p16.data());
     });
+    if (rescale) kern.scale_rows(ws.o.data(), t.d_pad, rows, t.d_pad, ws.correction.data());
     bf16.pv(ws.p16.data(), rows_pad, width, v_vnni, t.d, ws.o.data(), t.d_pad);
   }
   bf16.end();
@@ -921,14 +1052,15 @@ void run_tiles(const AttnParams& p, const ScoreUnits& units) {
   CallScratch scratch(workers);
   const Bf16Kernels* bf16 = use_bf16_kernels(p) ? bf16_kernels() : nullptr;
   const PackedKV<uint16_t> packed_bf16 = bf16 != nullptr ? pack_all_kv_bf16(*bf16, p, shape) : PackedKV<uint16_t>{};
-  const PackedKV<float> packed = bf16 == nullptr ? pack_all_kv_fp32<KS>(p, shape) : PackedKV<float>{};
+  const KvLayout kv = kv_layout(kern, shape);
+  const PackedKV<float> packed = bf16 == nullptr ? pack_all_kv_fp32<KS>(p, shape, kv) : PackedKV<float>{};
   parallel_for(int64_t(items.size()), workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch.of(worker);
-    allocate(ws, shape, bf16 != nullptr);
+    allocate(ws, shape, kv, bf16 != nullptr);
     if (bf16 != nullptr) {
       run_work_item_bf16(p, kern, *bf16, packed_bf16, units, items[item], shape, ws);
     } else {
-      run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, ws);
+      run_work_item<S, QS, KS>(p, kern, packed, units, items[item], shape, kv, ws);
     }
   });
 }

@@ -31,13 +31,17 @@ template <int kDegree>
 FA_AVX2 inline __m256 exp2_poly_ps(__m256 x) {
   static_assert(kDegree >= 1 && kDegree <= kExp2MaxDegree, "exp2_poly.h has the coefficients up to kExp2MaxDegree");
   x = _mm256_max_ps(_mm256_set1_ps(kExp2Lowest), x);  // max returns its second operand on NaN
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
+  // Lanes at kExp2Lowest (masked scores) are 0 by the rule: computed as 2^0 and zeroed, since a
+  // product that underflows takes a microcode assist on Intel cores (avx512_math.h, D-76).
+  const __m256 nonzero = _mm256_cmp_ps(x, _mm256_set1_ps(kExp2Lowest), _CMP_NEQ_UQ);  // NaN kept
+  const __m256 n = _mm256_and_ps(nonzero, _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256 f = _mm256_and_ps(nonzero, _mm256_sub_ps(x, n));
   __m256 p = _mm256_set1_ps(kExp2Coefficients[kDegree]);
   for (int k = kDegree - 1; k >= 0; --k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coefficients[k]));
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i half = _mm256_srai_epi32(ni, 1);  // floor(n / 2)
-  return _mm256_mul_ps(_mm256_mul_ps(p, exp2_int_ps(_mm256_sub_epi32(ni, half))), exp2_int_ps(half));
+  const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(p, exp2_int_ps(_mm256_sub_epi32(ni, half))), exp2_int_ps(half));
+  return _mm256_and_ps(nonzero, scaled);
 }
 
 // Degree 7, as the AVX-512 set's exp2_ps: relative error below 1e-8 on [-0.5, 0.5].

@@ -7,12 +7,19 @@
 // Layouts (fp32, row-major, leading dimensions in elements):
 //   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to the set's
 //                          row_lanes
-//   k   (keys, ld_k)       the key tile, one key per row
-//   v   (keys, ld_v)       the value tile, one key per row; columns padded to kRowLanes with zeros
+//   k   (keys, ld_k)       the key tile in blocks of the set's k_block keys, each block column by
+//                          column: key j, column c at k[(j / k_block) * k_block * ld_k +
+//                          c * k_block + j % k_block] (k_block 1: one key per row of ld_k), so
+//                          that a register block's key broadcasts read one stream (D-76)
+//   v   (keys, ...)        the value tile in strips of the set's v_cols columns, each strip key by
+//                          key: key j, column c at v[(c / v_cols) * ld_v + j * v_cols +
+//                          c % v_cols], ld_v the distance between strips (v_cols 0: one key per
+//                          row of ld_v); columns padded to kRowLanes with zeros
 //   st  (keys, ld_st)      scores transposed: st[j][r] = q_r . k_j, then probabilities
 //   o   (rows, ld_o)       the unnormalised output accumulator
 // Scores are kept transposed so that every row pass of the softmax runs across query rows,
-// kRowLanes rows per vector, and neither K nor V is ever transposed (D-52).
+// kRowLanes rows per vector, and neither K nor V is ever transposed (D-52); the K and V tiles are
+// laid out by the walk (attention.cpp), once per call where it packs them (D-58).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +32,8 @@ namespace cpu {
 // Most query rows per vector of the row passes (AVX-512: 16); a set's row_lanes divides it.
 // Tiles pad their columns (d_pad) to a multiple of it, and their rows to the set's row_lanes.
 constexpr int kRowLanes = 16;
+// Most keys per block of a set's K layout (AVX-512: 8); a set's k_block is at most it.
+constexpr int kMaxKeyBlock = 8;
 
 struct TileKernels {
   const char* name;
@@ -32,8 +41,12 @@ struct TileKernels {
   // short tile (decode: the 4 query heads of a KV head) computes no more padding rows than the
   // vectors need.
   int row_lanes;
+  // Keys per block of the K layout (1: rows) and columns per strip of the V layout (0: rows).
+  int k_block;
+  int v_cols;
 
-  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of row_lanes).
+  // st[j][r] = sum_c k[j][c] * qt[c][r] for j < keys, r < rows_pad (a multiple of row_lanes); the
+  // set may also write the rows j up to keys rounded up to k_block (k holds that many keys).
   void (*scores)(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
                  int keys, float* st, int ld_st);
 
@@ -47,9 +60,12 @@ struct TileKernels {
   // o[r][c] *= factor[r] for r < rows, c < d_pad.
   void (*scale_rows)(float* o, int ld_o, int rows, int d_pad, const float* factor);
 
-  // o[r][c] += sum_j st[j][r] * v[j][c] for r < rows, c < d_pad (a multiple of kRowLanes).
+  // o[r][c] = o[r][c] * factor[r] + sum_j st[j][r] * v[j][c] for r < rows, c < d_pad (a
+  // multiple of kRowLanes); factor nullptr: no rescale. The rescale rides on the accumulator
+  // loads of the product (bit for bit scale_rows then the product) instead of a pass of its own
+  // over o (D-76).
   void (*pv)(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
-             float* o, int ld_o);
+             const float* factor, float* o, int ld_o);
 
   // dst[c] = bf16 of src[c] * scale for c < n, rounded as half.h float_to_bf16_bits (bit for bit).
   void (*scaled_to_bf16)(const float* src, int n, float scale, uint16_t* dst);

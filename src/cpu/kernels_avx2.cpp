@@ -135,13 +135,19 @@ FA_AVX2 void scale_rows(float* o, int ld_o, int rows, int d_pad, const float* fa
 
 // A block of kRows rows x kVecs*8 columns of o, kept in registers over all keys.
 template <int kRows, int kVecs>
-FA_AVX2 inline void pv_block(const float* st, int ld_st, const float* v, int ld_v, int keys, float* o,
-                             int ld_o) {
+FA_AVX2 inline void pv_block(const float* st, int ld_st, const float* v, int ld_v, int keys, const float* factor,
+                             float* o, int ld_o) {
   __m256 acc[kRows][kVecs];
   FA_UNROLL
   for (int i = 0; i < kRows; ++i)
     FA_UNROLL
     for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm256_loadu_ps(o + size_t(i) * ld_o + c * kLanes);
+  if (factor != nullptr) {
+    FA_UNROLL
+    for (int i = 0; i < kRows; ++i)
+      FA_UNROLL
+      for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm256_mul_ps(acc[i][c], _mm256_set1_ps(factor[i]));
+  }
   for (int j = 0; j < keys; ++j) {
     __m256 vj[kVecs];
     FA_UNROLL
@@ -161,34 +167,34 @@ FA_AVX2 inline void pv_block(const float* st, int ld_st, const float* v, int ld_
 
 // Column strips of kVecs vectors for kRows rows; narrower tails one vector at a time.
 template <int kRows, int kVecs>
-FA_AVX2 void pv_rows(const float* st, int ld_st, const float* v, int ld_v, int keys, int d_pad, float* o,
-                     int ld_o) {
+FA_AVX2 void pv_rows(const float* st, int ld_st, const float* v, int ld_v, int keys, int d_pad, const float* factor,
+                     float* o, int ld_o) {
   int c = 0;
-  for (; c + kVecs * kLanes <= d_pad; c += kVecs * kLanes) pv_block<kRows, kVecs>(st, ld_st, v + c, ld_v, keys, o + c, ld_o);
-  for (; c < d_pad; c += kLanes) pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, o + c, ld_o);
+  for (; c + kVecs * kLanes <= d_pad; c += kVecs * kLanes) pv_block<kRows, kVecs>(st, ld_st, v + c, ld_v, keys, factor, o + c, ld_o);
+  for (; c < d_pad; c += kLanes) pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, factor, o + c, ld_o);
 }
 
 // The last rows % kRows rows as one block of that many rows.
 template <int kRows, int kVecs>
 FA_AVX2 void pv_tail(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
-                     float* o, int ld_o) {
+                     const float* factor, float* o, int ld_o) {
   if constexpr (kRows > 0) {
-    if (rows == kRows) return pv_rows<kRows, kVecs>(st, ld_st, v, ld_v, keys, d_pad, o, ld_o);
-    pv_tail<kRows - 1, kVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, o, ld_o);
+    if (rows == kRows) return pv_rows<kRows, kVecs>(st, ld_st, v, ld_v, keys, d_pad, factor, o, ld_o);
+    pv_tail<kRows - 1, kVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, factor, o, ld_o);
   }
 }
 
 template <int kRows, int kVecs>
 FA_AVX2 void pv_blocked(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
-                        int d_pad, float* o, int ld_o) {
+                        int d_pad, const float* factor, float* o, int ld_o) {
   int r = 0;
-  for (; r + kRows <= rows; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, o + size_t(r) * ld_o, ld_o);
-  pv_tail<kRows - 1, kVecs>(st + r, ld_st, v, ld_v, rows - r, keys, d_pad, o + size_t(r) * ld_o, ld_o);
+  for (; r + kRows <= rows; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
+  pv_tail<kRows - 1, kVecs>(st + r, ld_st, v, ld_v, rows - r, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
 }
 
 FA_AVX2 void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
-                float* o, int ld_o) {
-  pv_blocked<kPvRows, kPvVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, o, ld_o);
+                const float* factor, float* o, int ld_o) {
+  pv_blocked<kPvRows, kPvVecs>(st, ld_st, v, ld_v, rows, keys, d_pad, factor, o, ld_o);
 }
 
 // half.h float_to_bf16_bits on 8 lanes: round to nearest even, NaN kept quiet.
@@ -411,7 +417,7 @@ const DecodeKernels* avx2_decode_set() {
 }  // namespace
 
 const TileKernels* avx2_kernels() {
-  static const TileKernels kernels{"avx2", kLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
+  static const TileKernels kernels{"avx2", kLanes, 1, 0, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported ? &kernels : nullptr;
 }

@@ -57,9 +57,12 @@ void scale_rows(float* o, int ld_o, int rows, int d_pad, const float* factor) {
 }
 
 void pv(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys, int d_pad,
-        float* o, int ld_o) {
+        const float* factor, float* o, int ld_o) {
   for (int r = 0; r < rows; ++r) {
     float* out = o + size_t(r) * ld_o;
+    if (factor != nullptr) {
+      for (int c = 0; c < d_pad; ++c) out[c] *= factor[r];
+    }
     for (int j = 0; j < keys; ++j) {
       const float p = st[size_t(j) * ld_st + r];
       const float* v_row = v + size_t(j) * ld_v;
@@ -158,7 +161,7 @@ bool kernel_level_allowed(KernelLevel level) {
 }
 
 const TileKernels& portable_kernels() {
-  static const TileKernels kernels{"portable", kRowLanes, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
+  static const TileKernels kernels{"portable", kRowLanes, 1, 0, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   return kernels;
 }
 

@@ -73,6 +73,36 @@ std::vector<float> random_floats(size_t n, unsigned seed, float stddev = 1.0f) {
   return x;
 }
 
+int round_up(int a, int b) { return (a + b - 1) / b * b; }
+
+// K rows (keys, ld_k) in a set's K layout (kernels.h: blocks of k_block keys, column by column),
+// the keys that fill up the last block zero.
+std::vector<float> k_layout(const TileKernels& set, const std::vector<float>& k, int keys, int ld_k) {
+  const int kb = set.k_block;
+  std::vector<float> out(size_t(round_up(keys, kb)) * ld_k, 0.0f);
+  for (int j = 0; j < keys; ++j) {
+    for (int c = 0; c < ld_k; ++c) out[size_t(j / kb) * kb * ld_k + size_t(c) * kb + j % kb] = k[size_t(j) * ld_k + c];
+  }
+  return out;
+}
+
+// V rows (keys, ld_v) in a set's V layout (strips of v_cols columns, key by key; v_cols 0: the
+// rows as they are); *set_ld_v: what the set takes as ld_v (the strips' distance, or ld_v).
+std::vector<float> v_layout(const TileKernels& set, const std::vector<float>& v, int keys, int ld_v, int d_pad,
+                            int* set_ld_v) {
+  if (set.v_cols == 0) {
+    *set_ld_v = ld_v;
+    return v;
+  }
+  const int vc = set.v_cols;
+  *set_ld_v = keys * vc;
+  std::vector<float> out(size_t(round_up(d_pad, vc)) * keys, std::nanf(""));  // unread past d_pad
+  for (int j = 0; j < keys; ++j) {
+    for (int c = 0; c < d_pad; ++c) out[size_t(c / vc) * keys * vc + size_t(j) * vc + c % vc] = v[size_t(j) * ld_v + c];
+  }
+  return out;
+}
+
 TEST_P(CpuKernelSet, Bf16RoundingMatchesPortable) {
   std::vector<float> src = random_floats(1000, 3, 3.0f);
   for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x7f800000u,
@@ -91,7 +121,8 @@ TEST_P(CpuKernelSet, Bf16RoundingMatchesPortable) {
   }
 }
 
-// st = k . qt^T for head dims and key counts that end inside the register blocks and vectors.
+// st = k . qt^T for head dims and key counts that end inside the register blocks and vectors, K
+// in the set's layout.
 TEST_P(CpuKernelSet, ScoresMatchPortable) {
   for (int d : {1, 7, 16, 40, 128, 256}) {
     for (int rows_pad : {fast_->row_lanes, 2 * fast_->row_lanes, 3 * fast_->row_lanes, 128}) {
@@ -99,9 +130,11 @@ TEST_P(CpuKernelSet, ScoresMatchPortable) {
         const int ld_qt = rows_pad + 16, ld_k = d + 3, ld_st = rows_pad + 32;
         const std::vector<float> qt = random_floats(size_t(d) * ld_qt, 11 + d);
         const std::vector<float> k = random_floats(size_t(keys) * ld_k, 13 + keys);
-        std::vector<float> want(size_t(keys) * ld_st, -7.0f), got(want);
+        const std::vector<float> k_set = k_layout(*fast_, k, keys, ld_k);
+        // Room for the score rows up to a whole key block, which the set may write.
+        std::vector<float> want(size_t(round_up(keys, fast_->k_block)) * ld_st, -7.0f), got(want);
         portable().scores(qt.data(), ld_qt, k.data(), ld_k, d, rows_pad, keys, want.data(), ld_st);
-        fast_->scores(qt.data(), ld_qt, k.data(), ld_k, d, rows_pad, keys, got.data(), ld_st);
+        fast_->scores(qt.data(), ld_qt, k_set.data(), ld_k, d, rows_pad, keys, got.data(), ld_st);
         for (int j = 0; j < keys; ++j) {
           for (int r = 0; r < ld_st; ++r) {
             const size_t at = size_t(j) * ld_st + r;
@@ -226,36 +259,45 @@ TEST_P(CpuKernelSet, ScaleRowsMatchesPortable) {
   }
 }
 
-// o += p . v for row counts and widths that end inside the register blocks.
+// o = o * factor + p . v (factor nullptr: o += p . v) for row counts and widths that end inside
+// the register blocks, V in the set's layout.
 TEST_P(CpuKernelSet, PvMatchesPortable) {
-  for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
-    for (int keys : {1, 7, 64}) {
-      for (int d_pad : {16, 32, 48, 128, 256}) {
-        const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
-        std::vector<float> st = random_floats(size_t(keys) * ld_st, 37 + rows);
-        for (float& p : st) p = std::fabs(p);
-        const std::vector<float> v = random_floats(size_t(keys) * ld_v, 41 + keys);
-        const std::vector<float> o = random_floats(size_t(128) * ld_o, 43);
-        std::vector<float> want(o), got(o);
-        portable().pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, want.data(), ld_o);
-        fast_->pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, got.data(), ld_o);
-        for (int r = 0; r < 128; ++r) {
-          for (int c = 0; c < ld_o; ++c) {
-            const size_t at = size_t(r) * ld_o + c;
-            if (r >= rows || c >= d_pad) {
-              ASSERT_EQ(to_bits(got[at]), to_bits(o[at])) << "wrote outside: rows=" << rows << " r=" << r << " c=" << c;
-              continue;
+  for (bool rescale : {false, true}) {
+    for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
+      for (int keys : {1, 7, 64}) {
+        for (int d_pad : {16, 32, 48, 128, 256}) {
+          const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
+          std::vector<float> st = random_floats(size_t(keys) * ld_st, 37 + rows);
+          for (float& p : st) p = std::fabs(p);
+          const std::vector<float> v = random_floats(size_t(keys) * ld_v, 41 + keys);
+          const std::vector<float> o = random_floats(size_t(128) * ld_o, 43);
+          std::vector<float> factor = random_floats(128, 47);
+          factor[0] = 0.0f;
+          const float* f = rescale ? factor.data() : nullptr;
+          int set_ld_v = 0;
+          const std::vector<float> v_set = v_layout(*fast_, v, keys, ld_v, d_pad, &set_ld_v);
+          std::vector<float> want(o), got(o);
+          portable().pv(st.data(), ld_st, v.data(), ld_v, rows, keys, d_pad, f, want.data(), ld_o);
+          fast_->pv(st.data(), ld_st, v_set.data(), set_ld_v, rows, keys, d_pad, f, got.data(), ld_o);
+          for (int r = 0; r < 128; ++r) {
+            for (int c = 0; c < ld_o; ++c) {
+              const size_t at = size_t(r) * ld_o + c;
+              if (r >= rows || c >= d_pad) {
+                ASSERT_EQ(to_bits(got[at]), to_bits(o[at])) << "wrote outside: rows=" << rows << " r=" << r << " c=" << c;
+                continue;
+              }
+              const float start = rescale ? o[at] * factor[r] : o[at];  // one fp32 multiplication
+              double exact = start, magnitude = std::fabs(start);
+              for (int j = 0; j < keys; ++j) {
+                const double term = double(st[size_t(j) * ld_st + r]) * v[size_t(j) * ld_v + c];
+                exact += term;
+                magnitude += std::fabs(term);
+              }
+              const double tolerance = 4 * (keys + 1) * 0x1p-24 * magnitude;
+              ASSERT_NEAR(got[at], exact, tolerance) << "rows=" << rows << " keys=" << keys << " d_pad=" << d_pad
+                                                     << " r=" << r << " c=" << c;
+              ASSERT_NEAR(got[at], want[at], 2 * tolerance);
             }
-            double exact = o[at], magnitude = std::fabs(o[at]);
-            for (int j = 0; j < keys; ++j) {
-              const double term = double(st[size_t(j) * ld_st + r]) * v[size_t(j) * ld_v + c];
-              exact += term;
-              magnitude += std::fabs(term);
-            }
-            const double tolerance = 4 * (keys + 1) * 0x1p-24 * magnitude;
-            ASSERT_NEAR(got[at], exact, tolerance) << "rows=" << rows << " keys=" << keys << " d_pad=" << d_pad
-                                                   << " r=" << r << " c=" << c;
-            ASSERT_NEAR(got[at], want[at], 2 * tolerance);
           }
         }
       }
