@@ -309,6 +309,22 @@ struct WgmmaTileConfig {
   static_assert(kTile != WgmmaTile::narrow96 || kHeadDim == 64, "96-key narrow tile: d = 64 only");
 };
 
+// The two products of a 128-row tile by two warpgroups stacked along M (64 rows each): S = Q K^T
+// from shared memory, O += P V with P from registers and V as kMajorV (MN: V as loaded; K: the
+// FP8 products' transposed Vt).
+template <typename Element, int kBlockN, int kHeadDim, cute::GMMA::Major kMajorV>
+struct TwoWarpgroupMmas {
+  using S = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using O = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, kMajorV>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+};
+
 // The shared-memory layouts and warpgroup MMAs of a kBlockM x kBlockN tile computed by two
 // warpgroups stacked along M (64 rows each): the wgmma kernel and the warp-specialised one.
 template <typename Element, int kBlockM, int kBlockN, int kHeadDim>
@@ -326,16 +342,8 @@ struct WgmmaTileLayouts {
       SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
                                         cute::GenRowMajor{})));
 
-  // Two warpgroups stacked along M, 64 rows each.
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
-      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaS = typename TwoWarpgroupMmas<Element, kBlockN, kHeadDim, cute::GMMA::Major::MN>::S;
+  using TiledMmaO = typename TwoWarpgroupMmas<Element, kBlockN, kHeadDim, cute::GMMA::Major::MN>::O;
 
   static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
   static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
@@ -443,15 +451,8 @@ struct WarpSpecFp8Traits {
   using SmemLayoutVt = decltype(cute::tile_to_shape(
       SmemLayoutAtomVt{}, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}));
   using SmemLayoutO = typename OutTraits::SmemLayoutQ;
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
-      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
-      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaS = typename TwoWarpgroupMmas<Element, kBlockN, kHeadDim, cute::GMMA::Major::K>::S;
+  using TiledMmaO = typename TwoWarpgroupMmas<Element, kBlockN, kHeadDim, cute::GMMA::Major::K>::O;
 
   static constexpr int kQElems = int(cute::cosize_v<SmemLayoutQ>);
   static constexpr int kKVElems = int(cute::cosize_v<SmemLayoutKV>);
