@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return make_tensor(make_smem_ptr(smem.q.data() + q_buffer(i) * Traits::kQElems), typename Traits::SmemLayoutQ{});
   };
   if (warpgroup == kProducerWarpgroup) {
-    // ---- producer: one thread issues every load
+    // ---- producer: one thread issues every load (with FP8 products, warps 1-3 transpose V)
     cutlass::arch::warpgroup_reg_dealloc<kFp8 ? kTransposingProducerRegisters : kProducerRegisters>();
     if constexpr (kFp8) {
       if (transposer) {

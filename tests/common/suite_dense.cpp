@@ -93,11 +93,13 @@ void run_dense(const DenseCase& c) {
     place_lse(lse64, r.lse64, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
     place_lse(lse_lowp, r.lse_lowp, int64_t(b) * c.h * c.sq, c.sq, c.sq, c.h);
   }
-  if (c.fp8 != Fp8::none) {
-    // FP8's stated bound: the warpspec kernel's FP8 products round P to e4m3 (D-75), which the
-    // bf16 rule (P rounded to bf16 at most) does not allow for
-    EXPECT_TRUE(fp8_output_within_bound(out, out64));
-  } else {
+  if (c.fp8 != Fp8::none) EXPECT_TRUE(fp8_output_within_bound(out, out64));
+  // The bf16 rule (P rounded to bf16 at most) wherever P stays in bf16: everywhere but where the
+  // warpspec kernel's FP8 products may run, which round P to e4m3 (D-75) and are held to FP8's
+  // bound only: CUDA, e4m3 q, k and v on the d = 128 and 256 instances (head dims 97-128 and
+  // 193-256, cuda/backend.cu smallest_head_dim).
+  const bool fp8_products_instance = (c.d > 96 && c.d <= 128) || c.d > 192;
+  if (!(c.fp8 != Fp8::none && c.device == Device::cuda && fp8_products_instance)) {
     EXPECT_TRUE(outputs_close("out", out, out64, out_lowp, c.dtype));
   }
   if (c.f.lse) {
