@@ -77,6 +77,28 @@ struct WarpSpecSmem {
   cutlass::arch::ClusterBarrier q_empty[Traits::kQBuffers];  // every consumer thread is done with the buffer
 };
 
+// The transpose's written-out offsets (fp8_operands.h k_major_offset) are the CuTe layouts' (a
+// few points of each tile, at compile time).
+template <class Traits>
+constexpr bool transpose_offsets_match() {
+  if constexpr (Traits::kFp8Products) {
+    constexpr int kN = Traits::kBlockN, kD = Traits::kHeadDim;
+    typename Traits::SmemLayoutKV v{};
+    typename Traits::SmemLayoutVt vt{};
+    for (int r : {0, 1, 7, 9, kN - 1}) {
+      for (int c : {0, 8, 17, 100, kD - 8}) {
+        if (int(v(r, c)) != k_major_offset<128, kN>(r, c)) return false;
+      }
+    }
+    for (int r : {0, 3, 6, 13, kD - 1}) {
+      for (int c : {0, 8, 24, 40, kN - 8}) {
+        if (int(vt(r, c)) != k_major_offset<kN, kD>(r, c)) return false;
+      }
+    }
+  }
+  return true;
+}
+
 template <class Traits>
 constexpr bool warpspec_smem_fits() {
   return int(sizeof(WarpSpecSmem<Traits>)) <= Traits::kSmemBytes;
@@ -89,6 +111,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Element = typename Traits::Element;
   using Smem = WarpSpecSmem<Traits>;
   static_assert(warpspec_smem_fits<Traits>(), "Traits::kSmemBytes holds the kernel's shared memory");
+  static_assert(transpose_offsets_match<Traits>(), "fp8_operands.h k_major_offset follows the tile layouts");
   using Pipeline = typename Smem::Pipeline;
   using VtPipeline = typename Smem::VtPipeline;
   using Stage = typename Pipeline::PipelineState;
@@ -174,8 +197,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
             v_pipe.consumer_wait(v_read);
             vt_pipe.producer_acquire(vt_write);
-            transpose_v_tile<kBlockN, kHeadDim, kVTransposeWarps>(v_stage(v_read.index()), vt_stage(vt_write.index()),
-                                                                 int(threadIdx.x) / 32 - 1, int(threadIdx.x) % 32);
+            const uint32_t v_base = shared_address(smem.v.data() + v_read.index() * Traits::kKVElems);
+            const uint32_t vt_base = shared_address(smem.fp8.vt.data() + vt_write.index() * Traits::kVtElems);
+            transpose_v_tile<kBlockN, kHeadDim, kVTransposeThreads>(
+                int(threadIdx.x) - 32, [&](int offset) { return load_shared_u64(v_base + offset); },
+                [&](int offset, uint2 v) { store_shared_u64(vt_base + offset, v); });
             cutlass::arch::fence_view_async_shared();  // the generic writes, before the consumers' wgmma reads
             vt_pipe.producer_commit(vt_write);
             v_pipe.consumer_release(v_read);
