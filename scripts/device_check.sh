@@ -33,6 +33,10 @@
 #             venv over the system's torch and numpy, then test_gpu.py, test_import_order.py and
 #             test_torch.py run by that venv's python from a copy of tests/python outside the source
 #             tree, without PYTHONPATH, .carry/prefix or nvcc. Needs no other stage. Log: wheel.log
+#   profile   Nsight Compute on the warpspec kernel at one dense prefill point (PROFILE_ARGS, CLI
+#             run flags; default 2 x 8k x 16 heads, d 128), bf16 and e4m3 side by side: speed of
+#             light, pipe and issue use, scheduler, the stall reasons per issued instruction.
+#             Log: profile.log
 #   ab        two kernel overrides side by side: `flashattn bench` over the FA2 grid at AB_DIMS
 #             (default 128,256) under each FLASHATTN_KERNEL value of AB (default: the warpspec grid
 #             of one CTA per query tile, then the automatic choice; D-71), alternating, two rounds;
@@ -389,6 +393,21 @@ stage_dram() {
 }
 
 # BENCH="prefill decode chunked" (default) picks the tables (also prefill-fp8, decode-fp8); BENCH_ARGS adds bench.py options.
+stage_profile() {
+  local log="$OUT/profile.log" dtype rc=0
+  local args="${PROFILE_ARGS:---batch 2 --seqlen-q 8192 --seqlen-k 8192 --heads 16 --kv-heads 16 --head-dim 128}"
+  : >"$log"
+  for dtype in bf16 e4m3; do
+    echo "== $dtype $args" >>"$log"
+    ncu --kernel-name regex:warpspec --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section InstructionStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active" \
+      "$CLI" run --device cuda --dtype "$dtype" --repeat 3 $args >>"$log" 2>&1 || rc=1
+  done
+  grep -E "^== |Duration|Issue Slots Busy|Executed Ipc A|SM Busy|No Eligible|stalled_.*ratio +[0-9.]*[1-9]|pipe_.*(tensor|fma|alu|xu|fp16).*pct" "$log" | grep -vE " 0(\.0+)?$" | head -n 120
+  return $rc
+}
+
 stage_bench() {
   local kind name
   for kind in ${BENCH:-prefill decode chunked}; do
