@@ -199,9 +199,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             vt_pipe.producer_acquire(vt_write);
             const uint32_t v_base = shared_address(smem.v.data() + v_read.index() * Traits::kKVElems);
             const uint32_t vt_base = shared_address(smem.fp8.vt.data() + vt_write.index() * Traits::kVtElems);
-            transpose_v_tile<kBlockN, kHeadDim, kVTransposeThreads>(
-                int(threadIdx.x) - 32, [&](int offset) { return load_shared_u64(v_base + offset); },
-                [&](int offset, uint2 v) { store_shared_u64(vt_base + offset, v); });
+            transpose_v_tile<kBlockN, kHeadDim, kVTransposeWarps>(v_base, vt_base, int(threadIdx.x) / 32 - 1,
+                                                                 int(threadIdx.x) % 32);
             cutlass::arch::fence_view_async_shared();  // the generic writes, before the consumers' wgmma reads
             vt_pipe.producer_commit(vt_write);
             v_pipe.consumer_release(v_read);

@@ -18,6 +18,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "vt_transpose.h"
+
 namespace flashattn {
 namespace cuda {
 namespace fwd {
@@ -63,89 +65,33 @@ __device__ __forceinline__ void p_to_fp8_operand(const AccS& acc_s, FragP& tOrP)
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
-// 64-bit shared-memory accesses at a shared-window address (ld/st.shared: through a generic
-// pointer each access was a 64-bit generic load or store with its address arithmetic).
-__device__ __forceinline__ uint2 load_shared_u64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
+// ldmatrix.x4 (four 8 x 8 matrices of 16-bit elements, lane t giving row t % 8 of matrix t / 8)
+// and stmatrix.x4.trans (the same, each matrix stored transposed), at shared-window addresses.
+__device__ __forceinline__ void load_matrices_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
-__device__ __forceinline__ void store_shared_u64(uint32_t addr, uint2 v) {
-  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
-}
-
-// The byte offset of element (r, c) of a K-major e4m3 tile of kRows rows in 128- or 64-byte
-// swizzle atoms (GMMA::Layout_K_SW128_Atom / Layout_K_SW64_Atom tiled rows first): the 16-byte
-// chunk of a row XOR the row's 3 (SW128) or 2 (SW64) swizzle bits. Written out so that the
-// transpose's addresses cost a few integer operations (warpspec_kernel.h checks it against the
-// CuTe layouts at compile time).
-template <int kRowBytes, int kRows>
-CUTE_HOST_DEVICE constexpr int k_major_offset(int r, int c) {
-  static_assert(kRowBytes == 128 || kRowBytes == 64, "SW128 or SW64 atoms");
-  const int block = c / kRowBytes, x = c % kRowBytes;
-  const int swizzle = kRowBytes == 128 ? r % 8 : (r / 2) % 4;
-  return block * kRows * kRowBytes + r * kRowBytes + ((x / 16) ^ swizzle) * 16 + x % 16;
+__device__ __forceinline__ void store_matrices_x4_transposed(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
-// __byte_perm, also on the host (the transpose is checked there).
-CUTE_HOST_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(a, b, selector);
-#else
-  const uint64_t both = (uint64_t(b) << 32) | a;
-  uint32_t out = 0;
-  for (int i = 0; i < 4; ++i) out |= uint32_t((both >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
-  return out;
-#endif
-}
-
-// Byte transpose of a 4 x 4 block: out[c] byte r = in[r] byte c.
-CUTE_HOST_DEVICE void transpose_4x4_bytes(uint32_t in0, uint32_t in1, uint32_t in2, uint32_t in3,
-                                          uint32_t (&out)[4]) {
-  const uint32_t lo01 = byte_perm(in0, in1, 0x5140), hi01 = byte_perm(in0, in1, 0x7362);
-  const uint32_t lo23 = byte_perm(in2, in3, 0x5140), hi23 = byte_perm(in2, in3, 0x7362);
-  out[0] = byte_perm(lo01, lo23, 0x5410);
-  out[1] = byte_perm(lo01, lo23, 0x7632);
-  out[2] = byte_perm(hi01, hi23, 0x5410);
-  out[3] = byte_perm(hi01, hi23, 0x7632);
-}
-
-// V (kBlockN keys x kHeadDim, as loaded: 128-byte swizzle rows) into Vt (kHeadDim x kBlockN,
-// kBlockN-byte swizzle rows, keys in kernel_key order per 32-key chunk), by kThreads threads;
-// `thread` is this one's index among them. load64(offset) and store64(offset, word pair) reach
-// the tiles' bytes.
-//
-// A unit is Vt's 8 bytes at slots 8 qp .. 8 qp + 7 of half h of 32-key chunk kc in 8 rows
-// (columns 8 d8 .. 8 d8 + 7 of V): slots 16h + 8qp + {0..3} hold keys key0 + {0, 1, 8, 9} and
-// slots + {4..7} keys key0 + {2, 3, 10, 11}, key0 = 32 kc + 16 h + 4 qp (kernel_key). It is 8
-// loads of 8 bytes (those keys' columns), four 4 x 4 byte transposes and 8 stores of 8 bytes.
-// The lanes of a warp take 4 column groups x (qp, h) x 2 chunks, so that both the loads and
-// the stores spread over 16 banks (4 wavefronts for 256 bytes, where the fewest is 2).
-template <int kBlockN, int kHeadDim, int kThreads, class Load64, class Store64>
-CUTE_HOST_DEVICE void transpose_v_tile(int thread, Load64&& load64, Store64&& store64) {
-  constexpr int kChunks = kBlockN / 32;
-  constexpr int kUnits = (kBlockN / 8) * (kHeadDim / 8);
-  static_assert(kUnits % 16 == 0 && (kUnits / 16) % kChunks == 0, "whole unit groups");
-  for (int u = thread; u < kUnits; u += kThreads) {
-    const int qp = (u >> 2) & 1, h = (u >> 3) & 1;
-    const int kc = (u >> 4) % kChunks;
-    const int col = 8 * ((u & 3) + 4 * ((u >> 4) / kChunks));
-    const int key0 = 32 * kc + 16 * h + 4 * qp;
-    constexpr int kRowOffset[8] = {0, 1, 2, 3, 8, 9, 10, 11};
-    uint2 r[8];
-    CUTE_UNROLL
-    for (int i = 0; i < 8; ++i) r[i] = load64(k_major_offset<128, kBlockN>(key0 + kRowOffset[i], col));
-    uint32_t lo[4], hi[4], lo4[4], hi4[4];
-    transpose_4x4_bytes(r[0].x, r[1].x, r[4].x, r[5].x, lo);   // columns 0-3, keys + {0, 1, 8, 9}
-    transpose_4x4_bytes(r[2].x, r[3].x, r[6].x, r[7].x, hi);   // columns 0-3, keys + {2, 3, 10, 11}
-    transpose_4x4_bytes(r[0].y, r[1].y, r[4].y, r[5].y, lo4);  // columns 4-7
-    transpose_4x4_bytes(r[2].y, r[3].y, r[6].y, r[7].y, hi4);
-    const int slot = 32 * kc + 16 * h + 8 * qp;
-    CUTE_UNROLL
-    for (int c = 0; c < 4; ++c) {
-      store64(k_major_offset<kBlockN, kHeadDim>(col + c, slot), uint2{lo[c], hi[c]});
-      store64(k_major_offset<kBlockN, kHeadDim>(col + 4 + c, slot), uint2{lo4[c], hi4[c]});
-    }
+// V (kBlockN keys x kHeadDim, as loaded) at shared address v into Vt (kHeadDim x kBlockN, keys
+// in kernel_key order per 32-key chunk) at vt, by kWarps warps, `warp` being this one's index
+// among them: per step of 16 keys x 32 columns one ldmatrix, four byte permutes and one
+// stmatrix (vt_transpose.h).
+template <int kBlockN, int kHeadDim, int kWarps>
+__device__ __forceinline__ void transpose_v_tile(uint32_t v, uint32_t vt, int warp, int lane) {
+  using Steps = VtTransposeSteps<kBlockN, kHeadDim>;
+  for (int step = warp; step < Steps::kSteps; step += kWarps) {
+    uint32_t keys[4], pairs[4];
+    load_matrices_x4(v + Steps::load_offset(step, lane), keys);
+    pair_keys(keys[0], keys[1], pairs[0], pairs[1]);
+    pair_keys(keys[2], keys[3], pairs[2], pairs[3]);
+    store_matrices_x4_transposed(vt + Steps::store_offset(step, lane), pairs);
   }
 }
 
