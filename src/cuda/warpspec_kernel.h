@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_fence_operand(acc_o);
         v_release(v_read);
         ++v_read;
-        rescale_rows(o_rc, correction);
+        rescale_rows_unless_unit(o_rc, correction);
         set_p(acc_s_next);
       }
 

@@ -50,23 +50,30 @@ __device__ __forceinline__ void rescale_rows(O& o_rc, const float* correction) {
   }
 }
 
-// One online-softmax step: softmax_update, then rescale the rows of O (o_rc: rows, d).
-// kSkipUnitRescale (a whole warp calls it uniformly, splitkeys_kernel.h): the rescale is skipped
-// when no row of the warp needs it, i.e. every correction is exactly 1 (no row max rose), which
-// is exact (x * 1.0f == x) and, after a walk's first tiles, the usual case: a decode warp's row
-// max rises at its n-th tile with probability about 1/n per row.
+// rescale_rows, skipped when no row of the warp needs it: every correction is exactly 1 (no row
+// max rose). That is exact (x * 1.0f == x) and, after a walk's first tiles, the usual case: a
+// row max rises at its n-th tile with probability about 1/n. A whole warp calls it uniformly.
+template <class O>
+__device__ __forceinline__ void rescale_rows_unless_unit(O& o_rc, const float* correction) {
+  constexpr int kRows = decltype(size<0>(o_rc))::value;
+  bool rescale = false;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) rescale |= correction[i] != 1.0f;
+  if (__any_sync(0xffffffffu, rescale)) rescale_rows(o_rc, correction);
+}
+
+// One online-softmax step: softmax_update, then rescale the rows of O (o_rc: rows, d);
+// kSkipUnitRescale: through rescale_rows_unless_unit (splitkeys_kernel.h).
 template <bool kSkipUnitRescale = false, class S, class O>
 __device__ __forceinline__ void online_softmax_step(S& s, O& o_rc, SoftmaxRowState* rows, float scale_log2) {
   constexpr int kRows = decltype(size<0>(s))::value;
   float correction[kRows];
   softmax_update(s, rows, scale_log2, correction);
   if constexpr (kSkipUnitRescale) {
-    bool rescale = false;
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) rescale |= correction[i] != 1.0f;
-    if (!__any_sync(0xffffffffu, rescale)) return;
+    rescale_rows_unless_unit(o_rc, correction);
+  } else {
+    rescale_rows(o_rc, correction);
   }
-  rescale_rows(o_rc, correction);
 }
 
 // Every row starts with no key seen.
