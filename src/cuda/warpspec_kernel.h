@@ -366,11 +366,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         k_pipe.consumer_release(k_read);
         ++k_read;
         softmax_of_tile(acc_s_next, n);
-        warpgroup_wait<0>();  // P V of tile n+1
-        warpgroup_fence_operand(acc_o);
+        // The wait for P V opens a basic block of its own, the rescale's skip (rows_need_rescale):
+        // in one block with the softmax, ptxas scheduled the wait first and the softmax (max,
+        // exp2, sums) after it, off the tensor cores' time (D-77)
+        if (rows_need_rescale<kRows>(correction)) {
+          warpgroup_wait<0>();  // P V of tile n+1
+          warpgroup_fence_operand(acc_o);
+          rescale_rows(o_rc, correction);
+        } else {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_o);
+        }
         v_release(v_read);
         ++v_read;
-        rescale_rows_unless_unit(o_rc, correction);
         set_p(acc_s_next);
       }
 

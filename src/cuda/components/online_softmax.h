@@ -50,16 +50,22 @@ __device__ __forceinline__ void rescale_rows(O& o_rc, const float* correction) {
   }
 }
 
-// rescale_rows, skipped when no row of the warp needs it: every correction is exactly 1 (no row
-// max rose). That is exact (x * 1.0f == x) and, after a walk's first tiles, the usual case: a
-// row max rises at its n-th tile with probability about 1/n. A whole warp calls it uniformly.
-template <class O>
-__device__ __forceinline__ void rescale_rows_unless_unit(O& o_rc, const float* correction) {
-  constexpr int kRows = decltype(size<0>(o_rc))::value;
+// Whether any row of the warp must rescale O: some correction is not exactly 1 (a row max
+// rose). Skipping the rescale otherwise is exact (x * 1.0f == x) and, after a walk's first tiles,
+// the usual case: a row max rises at its n-th tile with probability about 1/n. A whole warp
+// calls it uniformly.
+template <int kRows>
+__device__ __forceinline__ bool rows_need_rescale(const float* correction) {
   bool rescale = false;
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) rescale |= correction[i] != 1.0f;
-  if (__any_sync(0xffffffffu, rescale)) rescale_rows(o_rc, correction);
+  return __any_sync(0xffffffffu, rescale);
+}
+
+// rescale_rows where rows_need_rescale.
+template <class O>
+__device__ __forceinline__ void rescale_rows_unless_unit(O& o_rc, const float* correction) {
+  if (rows_need_rescale<decltype(size<0>(o_rc))::value>(correction)) rescale_rows(o_rc, correction);
 }
 
 // One online-softmax step: softmax_update, then rescale the rows of O (o_rc: rows, d);
