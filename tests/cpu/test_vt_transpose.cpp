@@ -57,8 +57,13 @@ void check_transpose(uint8_t (*byte)(int key, int col)) {
   for (int step = 0; step < Steps::kSteps; ++step) {
     int load_addr[kLanes], store_addr[kLanes];
     for (int lane = 0; lane < kLanes; ++lane) {
-      load_addr[lane] = Steps::load_offset(step, lane);
-      store_addr[lane] = Steps::store_offset(step, lane);
+      load_addr[lane] = int(Steps::load_offset(step, lane));
+      store_addr[lane] = int(Steps::store_offset(step, lane));
+      const int m = lane / 8;  // the addresses as the layouts' offsets of the rows they name
+      ASSERT_EQ(load_addr[lane], (k_major_offset<128, kBlockN>(Steps::key0(step) + Steps::pair_key(lane % 8) + m % 2,
+                                                                 Steps::col0(step) + 16 * (m / 2))));
+      ASSERT_EQ(store_addr[lane], (k_major_offset<Steps::kVtRowBytes, kHeadDim>(
+                                      Steps::col0(step) + Steps::store_column(m, lane % 8), Steps::key0(step))));
       ASSERT_EQ(load_addr[lane] % 16, 0) << "ldmatrix rows are 16-byte aligned";
       ASSERT_EQ(store_addr[lane] % 16, 0) << "stmatrix rows are 16-byte aligned";
     }
@@ -72,7 +77,7 @@ void check_transpose(uint8_t (*byte)(int key, int col)) {
   }
   for (int d = 0; d < kHeadDim; ++d) {
     for (int slot = 0; slot < kBlockN; ++slot) {
-      const int at = k_major_offset<kBlockN, kHeadDim>(d, slot);
+      const int at = k_major_offset<Steps::kVtRowBytes, kHeadDim>(d, slot);
       const int key = 32 * (slot / 32) + kernel_key(slot % 32);
       ASSERT_EQ(writes[at], 1) << "Vt row " << d << " slot " << slot;
       ASSERT_EQ(vt[at], byte(key, d)) << "Vt row " << d << " slot " << slot << " (key " << key << ")";

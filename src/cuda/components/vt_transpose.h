@@ -71,26 +71,38 @@ template <int kBlockN, int kHeadDim>
 struct VtTransposeSteps {
   static constexpr int kKeyGroups = kBlockN / 16;
   static constexpr int kSteps = kKeyGroups * (kHeadDim / 32);
-  static_assert(kBlockN % 32 == 0 && kHeadDim % 32 == 0, "whole 32-key chunks and 32-column steps");
+  static constexpr int kVtRowBytes = kBlockN % 128 == 0 ? 128 : 64;  // Vt's swizzle atom (kernel_traits.h)
+  static_assert(kBlockN % 64 == 0 && kHeadDim % 128 == 0, "whole swizzle atoms of V and Vt");
 
   static FA_VT_HD constexpr int key0(int step) { return 16 * (step % kKeyGroups); }
   static FA_VT_HD constexpr int col0(int step) { return 32 * (step / kKeyGroups); }
   // The first key of pair u: the key at slot 2u (the second is the next key, at slot 2u + 1).
   static FA_VT_HD constexpr int pair_key(int u) { return kernel_key(2 * u); }
-
-  // ldmatrix.x4: lane t gives row t % 8 of matrix t / 8.
-  static FA_VT_HD constexpr int load_offset(int step, int lane) {
-    const int m = lane / 8, u = lane % 8;
-    return k_major_offset<128, kBlockN>(key0(step) + pair_key(u) + m % 2, col0(step) + 16 * (m / 2));
-  }
   // The V column that row j of stmatrix matrix m holds: registers 0 and 1 are pair_keys of
   // ldmatrix's matrices 0 and 1 (columns 0-1 and 2-3 of a lane's 4), registers 2 and 3 the same
   // 16 columns up.
   static FA_VT_HD constexpr int store_column(int m, int j) { return 16 * (m / 2) + 4 * (j / 2) + 2 * (m % 2) + j % 2; }
+
+  // ldmatrix.x4: lane t gives row t % 8 of matrix t / 8, i.e.
+  //     k_major_offset<128, kBlockN>(key0 + pair_key(t % 8) + m % 2, col0 + 16 (m / 2)), m = t / 8,
+  // written so that the lane's share is loop-invariant: key0 is a multiple of 16, so the row's
+  // swizzle bits are the lane's key's; col0 a multiple of 32, so the 16-byte chunk is col0's
+  // XOR the lane's m / 2 (unsigned: the divisions are shifts).
+  static FA_VT_HD constexpr uint32_t load_offset(uint32_t step, uint32_t lane) {
+    const uint32_t m = lane / 8, key = uint32_t(pair_key(int(lane % 8))) + m % 2;
+    const uint32_t key0 = 16 * (step % kKeyGroups), col0 = 32 * (step / kKeyGroups);
+    const uint32_t chunk = ((col0 % 128) / 16) ^ (m / 2) ^ (key % 8);
+    return (col0 / 128) * (kBlockN * 128) + (key0 + key) * 128 + chunk * 16;
+  }
   // stmatrix.x4.trans: lane t gives row t % 8 of matrix t / 8, Vt row (a column of V) at the
-  // step's 16 slots.
-  static FA_VT_HD constexpr int store_offset(int step, int lane) {
-    return k_major_offset<kBlockN, kHeadDim>(col0(step) + store_column(lane / 8, lane % 8), key0(step));
+  // step's 16 slots: k_major_offset<kRowBytes, kHeadDim>(col0 + store_column(m, t % 8), key0),
+  // the swizzle bits the lane's column's (col0 is a multiple of 32).
+  static FA_VT_HD constexpr uint32_t store_offset(uint32_t step, uint32_t lane) {
+    const uint32_t column = uint32_t(store_column(int(lane / 8), int(lane % 8)));
+    const uint32_t swizzle = kVtRowBytes == 128 ? column % 8 : (column / 2) % 4;
+    const uint32_t key0 = 16 * (step % kKeyGroups), col0 = 32 * (step / kKeyGroups);
+    const uint32_t chunk = ((key0 % kVtRowBytes) / 16) ^ swizzle;
+    return (key0 / kVtRowBytes) * (kHeadDim * kVtRowBytes) + (col0 + column) * kVtRowBytes + chunk * 16;
   }
 };
 
