@@ -36,7 +36,7 @@
 #   profile   Nsight Compute on the warpspec kernel at one dense prefill point (PROFILE_ARGS, CLI
 #             run flags; default 2 x 8k x 16 heads, d 128), bf16 and e4m3 side by side: speed of
 #             light, pipe and issue use, scheduler, the stall reasons per issued instruction.
-#             Log: profile.log
+#             Log: profile.log; summary: profile-warpspec-h200.json (bench/probes/profile_summary.py)
 #   ab        two kernel overrides side by side: `flashattn bench` over the FA2 grid at AB_DIMS
 #             (default 128,256) under each FLASHATTN_KERNEL value of AB (default: the warpspec grid
 #             of one CTA per query tile, then the automatic choice; D-71), alternating, two rounds;
@@ -404,7 +404,7 @@ stage_profile() {
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active" \
       "$CLI" run --device cuda --dtype "$dtype" --repeat 3 $args >>"$log" 2>&1 || rc=1
   done
-  grep -E "^== |Duration|Issue Slots Busy|Executed Ipc A|SM Busy|No Eligible|stalled_.*ratio +[0-9.]*[1-9]|pipe_.*(tensor|fma|alu|xu|fp16).*pct" "$log" | grep -vE " 0(\.0+)?$" | head -n 120
+  python3 bench/probes/profile_summary.py "$log" --out "$OUT/profile-warpspec-h200.json" || rc=1
   return $rc
 }
 

@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax_of_tile(acc_s_next, n);
         // The wait for P V opens a basic block of its own, the rescale's skip (rows_need_rescale):
         // in one block with the softmax, ptxas scheduled the wait first and the softmax (max,
-        // exp2, sums) after it, off the tensor cores' time (D-77)
+        // exp2, sums) after it, off the tensor cores' time (D-78)
         if (rows_need_rescale<kRows>(correction)) {
           warpgroup_wait<0>();  // P V of tile n+1
           warpgroup_fence_operand(acc_o);
