@@ -77,7 +77,7 @@ struct WarpSpecSmem {
   cutlass::arch::ClusterBarrier q_empty[Traits::kQBuffers];  // every consumer thread is done with the buffer
 };
 
-// The transpose's written-out offsets (fp8_operands.h k_major_offset) are the CuTe layouts' (a
+// The transpose's written-out offsets (vt_transpose.h k_major_offset) are the CuTe layouts' (a
 // few points of each tile, at compile time).
 template <class Traits>
 constexpr bool transpose_offsets_match() {
@@ -90,9 +90,10 @@ constexpr bool transpose_offsets_match() {
         if (int(v(r, c)) != k_major_offset<128, kN>(r, c)) return false;
       }
     }
+    constexpr int kVtRowBytes = VtTransposeSteps<kN, kD>::kVtRowBytes;
     for (int r : {0, 3, 6, 13, kD - 1}) {
-      for (int c : {0, 8, 24, 40, kN - 8}) {
-        if (int(vt(r, c)) != k_major_offset<kN, kD>(r, c)) return false;
+      for (int c : {0, 8, 24, 40, 72, kN - 8}) {
+        if (int(vt(r, c)) != k_major_offset<kVtRowBytes, kD>(r, c)) return false;
       }
     }
   }
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Element = typename Traits::Element;
   using Smem = WarpSpecSmem<Traits>;
   static_assert(warpspec_smem_fits<Traits>(), "Traits::kSmemBytes holds the kernel's shared memory");
-  static_assert(transpose_offsets_match<Traits>(), "fp8_operands.h k_major_offset follows the tile layouts");
+  static_assert(transpose_offsets_match<Traits>(), "vt_transpose.h k_major_offset follows the tile layouts");
   using Pipeline = typename Smem::Pipeline;
   using VtPipeline = typename Smem::VtPipeline;
   using Stage = typename Pipeline::PipelineState;
