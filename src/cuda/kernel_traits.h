@@ -385,7 +385,7 @@ struct WgmmaTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WgmmaTileConfig
 template <int kHeadDim>
 struct WarpSpecTileConfig {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kStages = 2;
 };
 
 template <typename Element_, int kHeadDim_>
@@ -422,7 +422,7 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
 template <int kHeadDim>
 struct WarpSpecFp8TileConfig {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kStages = 2;
 };
 
 template <int kHeadDim_>
