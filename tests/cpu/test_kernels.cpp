@@ -264,7 +264,7 @@ TEST_P(CpuKernelSet, ScaleRowsMatchesPortable) {
 // the register blocks, V in the set's layout.
 TEST_P(CpuKernelSet, PvMatchesPortable) {
   for (bool rescale : {false, true}) {
-    for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
+    for (int rows : {1, 5, 6, 7, 8, 9, 13, 14, 32, 127, 128}) {
       for (int keys : {1, 7, 64}) {
         for (int d_pad : {16, 32, 48, 128, 256}) {
           const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
