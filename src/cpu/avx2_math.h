@@ -45,7 +45,30 @@ FA_AVX2 inline __m256 exp2_poly_ps(__m256 x) {
 }
 
 // Degree 7, as the AVX-512 set's exp2_ps: relative error below 1e-8 on [-0.5, 0.5].
-FA_AVX2 inline __m256 exp2_ps(__m256 x) { return exp2_poly_ps<kExp2MaxDegree>(x); }
+// Where every lane is in [kExp2FastLowest, kExp2FastHighest] or at or below kExp2Lowest (the
+// common case: the scores of a row near its max, and masked ones), the same result bit for bit
+// in fewer operations (D-77): n comes from adding 1.5 * 2^23, whose sum holds round(x) (to
+// nearest even, as _mm256_round_ps) in its low mantissa bits, so that shifting the sum's bits
+// left by 23 gives n in the exponent field; p * 2^n is then one integer addition to p's bits,
+// exact where the result is a normal number (n >= -125 with p >= 2^-0.5). Any other lane (a
+// denormal or underflowing result, NaN, or x above the range) sends the whole vector through
+// exp2_poly_ps. Tile microbenchmark (exp2_sum, 1 thread, hot): 0.45-0.48 -> 0.37-0.40 ns a score.
+constexpr float kExp2FastLowest = -125.0f, kExp2FastHighest = 64.0f;
+
+FA_AVX2 inline __m256 exp2_ps(__m256 x) {
+  const __m256 zeroed = _mm256_cmp_ps(x, _mm256_set1_ps(kExp2Lowest), _CMP_LE_OQ);  // 0 by the rule
+  const __m256 fast = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(kExp2FastLowest), _CMP_GE_OQ),
+                                    _mm256_cmp_ps(x, _mm256_set1_ps(kExp2FastHighest), _CMP_LE_OQ));
+  if (_mm256_movemask_ps(_mm256_or_ps(fast, zeroed)) != 0xff) return exp2_poly_ps<kExp2MaxDegree>(x);
+  const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+  const __m256 shifted = _mm256_add_ps(x, magic);  // 1.5 * 2^23 + round(x)
+  const __m256 n = _mm256_sub_ps(shifted, magic);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(kExp2Coefficients[kExp2MaxDegree]);
+  for (int k = kExp2MaxDegree - 1; k >= 0; --k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coefficients[k]));
+  const __m256i scaled = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(shifted), 23));
+  return _mm256_andnot_ps(zeroed, _mm256_castsi256_ps(scaled));
+}
 
 }  // namespace cpu
 }  // namespace flashattn

@@ -32,7 +32,7 @@ namespace cpu {
 // Most query rows per vector of the row passes (AVX-512: 16); a set's row_lanes divides it.
 // Tiles pad their columns (d_pad) to a multiple of it, and their rows to the set's row_lanes.
 constexpr int kRowLanes = 16;
-// Most keys per block of a set's K layout (AVX-512: 8); a set's k_block is at most it.
+// Most keys per block of a set's K layout (AVX-512: 8, AVX2: 6); a set's k_block is at most it.
 constexpr int kMaxKeyBlock = 8;
 
 struct TileKernels {

@@ -30,9 +30,23 @@ constexpr int kScoreKeys = 6, kScoreVecs = 2;
 constexpr int kPvRows = 6, kPvVecs = 2;
 static_assert(kRowLanes % kLanes == 0, "tiles pad rows and columns to whole ymm vectors");
 
+// The K and V layouts this set reads (kernels.h; D-77): K in blocks of kScoreKeys keys, column by
+// column, so that a scores block broadcasts its 6 keys' column c from one 24-byte run (one
+// stream instead of 6 rows d_pad floats apart); V in strips of kPvCols columns, key by key, so
+// that a P.V block reads its 16 columns of each key from one contiguous strip.
+constexpr int kKeyBlock = kScoreKeys;
+constexpr int kPvCols = kPvVecs * kLanes;
+static_assert(kKeyBlock <= kMaxKeyBlock, "the walk's K pack buffers kMaxKeyBlock rows");
+
 // ---- scores: st (keys x rows) = k (keys x d) . qt (d x rows) ---------------------------------
 
-// A block of kKeys keys x kVecs*8 rows, accumulated over the whole head dim in registers.
+// Column c of key i of a run of K blocks that starts at a block (blocks kKeyBlock * ld_k apart).
+FA_AVX2 inline const float* k_at(const float* k, int ld_k, int i, int c) {
+  return k + size_t(i / kKeyBlock) * kKeyBlock * ld_k + size_t(c) * kKeyBlock + i % kKeyBlock;
+}
+
+// A block of kKeys keys (from the start of a K block; more than kKeyBlock keys span the next
+// blocks) x kVecs*8 rows, accumulated over the whole head dim in registers.
 template <int kKeys, int kVecs>
 FA_AVX2 inline void scores_block(const float* qt, int ld_qt, const float* k, int ld_k, int d,
                                  float* st, int ld_st) {
@@ -47,7 +61,7 @@ FA_AVX2 inline void scores_block(const float* qt, int ld_qt, const float* k, int
     for (int v = 0; v < kVecs; ++v) q[v] = _mm256_loadu_ps(qt + size_t(c) * ld_qt + v * kLanes);
     FA_UNROLL
     for (int i = 0; i < kKeys; ++i) {
-      const __m256 kc = _mm256_broadcast_ss(k + size_t(i) * ld_k + c);
+      const __m256 kc = _mm256_broadcast_ss(k_at(k, ld_k, i, c));
       FA_UNROLL
       for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm256_fmadd_ps(kc, q[v], acc[i][v]);
     }
@@ -58,7 +72,8 @@ FA_AVX2 inline void scores_block(const float* qt, int ld_qt, const float* k, int
     for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(st + size_t(i) * ld_st + v * kLanes, acc[i][v]);
 }
 
-// The last keys % kKeys keys of a strip as one block of that many keys.
+// The last keys % kKeys keys of a strip as one block of that many keys (no score row past
+// `keys` is written: the walk's score tile holds the key tile's keys only).
 template <int kKeys, int kVecs>
 FA_AVX2 void scores_tail(const float* qt, int ld_qt, const float* k, int ld_k, int d, int keys,
                          float* st, int ld_st) {
@@ -68,9 +83,11 @@ FA_AVX2 void scores_tail(const float* qt, int ld_qt, const float* k, int ld_k, i
   }
 }
 
+// kKeys a multiple of kKeyBlock: each block starts at a K block (key j at k + j * ld_k).
 template <int kKeys, int kVecs>
 FA_AVX2 void scores_strip(const float* qt, int ld_qt, const float* k, int ld_k, int d, int keys,
                           float* st, int ld_st) {
+  static_assert(kKeys % kKeyBlock == 0, "register blocks start on K blocks");
   int j = 0;
   for (; j + kKeys <= keys; j += kKeys) {
     scores_block<kKeys, kVecs>(qt, ld_qt, k + size_t(j) * ld_k, ld_k, d, st + size_t(j) * ld_st, ld_st);
@@ -80,7 +97,7 @@ FA_AVX2 void scores_strip(const float* qt, int ld_qt, const float* k, int ld_k, 
 
 // Strips of kVecs row vectors over all keys; rows_pad (a multiple of kLanes, the set's
 // row_lanes) may end in a one-vector strip, which takes kKeys * kVecs keys per block (as many
-// accumulators): decode tiles of 8 rows or fewer are all one such strip.
+// accumulators).
 template <int kKeys, int kVecs>
 FA_AVX2 void scores_blocked(const float* qt, int ld_qt, const float* k, int ld_k, int d, int rows_pad,
                             int keys, float* st, int ld_st) {
@@ -165,13 +182,19 @@ FA_AVX2 inline void pv_block(const float* st, int ld_st, const float* v, int ld_
     for (int c = 0; c < kVecs; ++c) _mm256_storeu_ps(o + size_t(i) * ld_o + c * kLanes, acc[i][c]);
 }
 
-// Column strips of kVecs vectors for kRows rows; narrower tails one vector at a time.
+// The column strips of the V layout (ld_v apart, kPvCols columns of a key kPvCols apart) for
+// kRows rows; a narrower last strip one vector at a time.
 template <int kRows, int kVecs>
 FA_AVX2 void pv_rows(const float* st, int ld_st, const float* v, int ld_v, int keys, int d_pad, const float* factor,
                      float* o, int ld_o) {
+  static_assert(kVecs * kLanes == kPvCols, "a block spans one strip");
   int c = 0;
-  for (; c + kVecs * kLanes <= d_pad; c += kVecs * kLanes) pv_block<kRows, kVecs>(st, ld_st, v + c, ld_v, keys, factor, o + c, ld_o);
-  for (; c < d_pad; c += kLanes) pv_block<kRows, 1>(st, ld_st, v + c, ld_v, keys, factor, o + c, ld_o);
+  for (; c + kPvCols <= d_pad; c += kPvCols) {
+    pv_block<kRows, kVecs>(st, ld_st, v + size_t(c / kPvCols) * ld_v, kPvCols, keys, factor, o + c, ld_o);
+  }
+  for (; c < d_pad; c += kLanes) {
+    pv_block<kRows, 1>(st, ld_st, v + size_t(c / kPvCols) * ld_v + c % kPvCols, kPvCols, keys, factor, o + c, ld_o);
+  }
 }
 
 // The last rows % kRows rows as one block of that many rows.
@@ -184,11 +207,19 @@ FA_AVX2 void pv_tail(const float* st, int ld_st, const float* v, int ld_v, int r
   }
 }
 
+// Blocks of kRows rows; where 8 rows would be left (128-row tiles, the 32-row groups of a causal
+// diagonal tile: 6 k + 8), two blocks of 4 rows (8 accumulators each) instead of one of 6 and a
+// 2-row tail, whose 4 accumulator chains leave half the FMA slots empty (D-77: P.V on a hot
+// tile, 1 thread, 32 rows 84.7-87.4 -> 89.9-92.5 GFLOP/s, 128 rows 87.0-91.3 -> 89.5-93.8).
 template <int kRows, int kVecs>
 FA_AVX2 void pv_blocked(const float* st, int ld_st, const float* v, int ld_v, int rows, int keys,
                         int d_pad, const float* factor, float* o, int ld_o) {
+  static_assert(kRows == 6, "the 8-row split is for blocks of 6 rows");
   int r = 0;
-  for (; r + kRows <= rows; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
+  for (; r + kRows <= rows && rows - r != 8; r += kRows) pv_rows<kRows, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
+  if (rows - r == 8) {
+    for (int i = 0; i < 2; ++i, r += 4) pv_rows<4, kVecs>(st + r, ld_st, v, ld_v, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
+  }
   pv_tail<kRows - 1, kVecs>(st + r, ld_st, v, ld_v, rows - r, keys, d_pad, factor ? factor + r : nullptr, o + size_t(r) * ld_o, ld_o);
 }
 
@@ -223,14 +254,50 @@ FA_AVX2 void scaled_to_bf16(const float* src, int n, float scale, uint16_t* dst)
   }
 }
 
-// 8 x 8 blocks through registers would gain little here: the query tile is transposed once per
-// work item. Plain loops, one source row at a time.
-FA_AVX2 void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst) {
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) dst[size_t(c) * ld_dst + r] = src[size_t(r) * ld_src + c];
+// ---- dst (cols x rows) = src (rows x cols)^T, 8 x 8 blocks through registers (D-77) -----------
+
+// r[i] = row i of an 8 x 8 block in, column i out: pairs of rows interleaved (unpack ps), then
+// pairs of pairs (shuffle ps), then the 128-bit halves.
+FA_AVX2 inline void transpose_8x8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];  // u[k], u[4 + k]: rows 0-3 / 4-7 of columns k and 4 + k (the two 128-bit halves)
+  for (int h = 0; h < 2; ++h) {
+    const __m256 a = t[4 * h], b = t[4 * h + 1], c = t[4 * h + 2], e = t[4 * h + 3];
+    u[4 * h] = _mm256_shuffle_ps(a, c, 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(a, c, 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(b, e, 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(b, e, 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+    r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
   }
 }
 
+// Whole 8 x 8 blocks through registers, the rows and columns past the last whole block one value
+// at a time. The query tile is transposed once per work item (D-68); the scalar loop took 2-3% of
+// a 1-thread fp32 4 x 512 x 8/2 x 64 call.
+FA_AVX2 void transpose(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst) {
+  const int rows8 = rows / kLanes * kLanes, cols8 = cols / kLanes * kLanes;
+  for (int r0 = 0; r0 < rows8; r0 += kLanes) {
+    for (int c0 = 0; c0 < cols8; c0 += kLanes) {
+      __m256 block[kLanes];
+      for (int i = 0; i < kLanes; ++i) block[i] = _mm256_loadu_ps(src + size_t(r0 + i) * ld_src + c0);
+      transpose_8x8(block);
+      for (int i = 0; i < kLanes; ++i) _mm256_storeu_ps(dst + size_t(c0 + i) * ld_dst + r0, block[i]);
+    }
+    for (int r = r0; r < r0 + kLanes; ++r) {
+      for (int c = cols8; c < cols; ++c) dst[size_t(c) * ld_dst + r] = src[size_t(r) * ld_src + c];
+    }
+  }
+  for (int r = rows8; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) dst[size_t(c) * ld_dst + r] = src[size_t(r) * ld_src + c];
+  }
+}
 
 // ---- decode (D-72): rows read in place, widened in registers ------------------------------------
 
@@ -417,7 +484,7 @@ const DecodeKernels* avx2_decode_set() {
 }  // namespace
 
 const TileKernels* avx2_kernels() {
-  static const TileKernels kernels{"avx2", kLanes, 1, 0, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
+  static const TileKernels kernels{"avx2", kLanes, kKeyBlock, kPvCols, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported ? &kernels : nullptr;
 }

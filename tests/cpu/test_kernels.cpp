@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "cpu/avx2_math.h"
 #include "cpu/kernels.h"
 
 namespace {
@@ -263,7 +264,7 @@ TEST_P(CpuKernelSet, ScaleRowsMatchesPortable) {
 // the register blocks, V in the set's layout.
 TEST_P(CpuKernelSet, PvMatchesPortable) {
   for (bool rescale : {false, true}) {
-    for (int rows : {1, 5, 6, 7, 8, 9, 13, 127, 128}) {
+    for (int rows : {1, 5, 6, 7, 8, 9, 13, 14, 32, 127, 128}) {
       for (int keys : {1, 7, 64}) {
         for (int d_pad : {16, 32, 48, 128, 256}) {
           const int ld_st = 128 + 16, ld_v = d_pad + 8, ld_o = d_pad + 16;
@@ -350,6 +351,45 @@ TEST(CpuKernels, Avx2Exp2IsAvx512Exp2) {
   avx512->exp2_sum(b.data(), rows_pad, rows_pad, keys, 1.0f, offset.data(), sum_b.data());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(to_bits(a[i]), to_bits(b[i])) << "x=" << x[i];
 }
+
+#ifdef FLASHATTN_HAVE_AVX2_KERNELS
+// exp2 of 8-lane vectors of x (x.size() a multiple of 8): by exp2_ps (with its fast path, D-77)
+// into fast, by the full exp2_poly_ps into full.
+FA_AVX2 void avx2_exp2_both(const std::vector<float>& x, std::vector<float>& fast, std::vector<float>& full) {
+  for (size_t i = 0; i < x.size(); i += 8) {
+    const __m256 v = _mm256_loadu_ps(&x[i]);
+    _mm256_storeu_ps(&fast[i], flashattn::cpu::exp2_ps(v));
+    _mm256_storeu_ps(&full[i], flashattn::cpu::exp2_poly_ps<flashattn::cpu::kExp2MaxDegree>(v));
+  }
+}
+
+// The AVX2 exp2's fast path (n from a rounding addition, 2^n added to the exponent bits; D-77)
+// gives the full rule's results bit for bit: vectors entirely in its range, vectors that mix it
+// with masked lanes (at or below -150, -inf), and vectors that leave it (denormal results, NaN,
+// x above the range) and so take the full path.
+TEST(CpuKernels, Avx2Exp2FastPathIsTheRule) {
+  if (flashattn::cpu::avx2_kernels() == nullptr) GTEST_SKIP() << "needs AVX2";
+  std::vector<float> x;
+  for (int i = 0; i < 240000; ++i) x.push_back(-170.0f + float(i) * 0.001f);  // -170 .. 70
+  std::mt19937 gen(41);
+  std::uniform_real_distribution<float> near_max(-30.0f, 0.0f);
+  for (int i = 0; i < 80000; ++i) x.push_back(near_max(gen));
+  const float specials[] = {-INFINITY, std::numeric_limits<float>::quiet_NaN(), -0.0f, 0.0f, -150.0f, -149.99f,
+                            -125.0f, -125.01f, -124.5f, -125.5f, 64.0f, 64.5f, -1e30f, 0.5f, -0.5f, 1.5f};
+  for (size_t i = 0; i + 8 <= 80000; i += 8) {  // masked lanes among in-range ones, one special per vector
+    x.push_back(near_max(gen));
+    x.push_back(-INFINITY);
+    x.push_back(near_max(gen));
+    x.push_back(-150.0f - float(i % 7));
+    for (int k = 0; k < 3; ++k) x.push_back(near_max(gen));
+    x.push_back(i % 64 == 0 ? specials[(i / 64) % 16] : near_max(gen));
+  }
+  x.resize(x.size() / 8 * 8);
+  std::vector<float> fast(x.size()), full(x.size());
+  avx2_exp2_both(x, fast, full);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(to_bits(fast[i]), to_bits(full[i])) << "x=" << x[i] << " i=" << i;
+}
+#endif
 
 // ---- bf16 tile kernels ---------------------------------------------------------------------------
 
