@@ -2,7 +2,9 @@
 # The one GPU job.
 # Here (no GPU): `bash scripts/device_check.sh --prepare` stages in .carry/ what the GPU machine
 # cannot download: the CUTLASS/CuTe headers (from the nvidia-cutlass wheel) and GoogleTest.
-# There (device tool, carry [".carry"]): `bash scripts/device_check.sh STAGE...`, stages in order:
+# There (device tool, carry [".carry"]): `bash scripts/device_check.sh STAGE...`, stages in order
+# (a later call on the still-warm machine passes carry [] instead: carrying .carry again replaces
+# the .carry/prefix that `build` installed):
 #   build     the gpu-h200 preset (library, CLI, GPU tests; about 2 minutes on 16 cores), installed
 #             into .carry/prefix; CMAKE_ARGS adds cache settings (e.g. -DFLASHATTN_HEAD_DIMS="128;256")
 #   pyext     build the nanobind extension against that library (needed by bench/pytest)
