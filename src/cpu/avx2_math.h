@@ -23,6 +23,14 @@ FA_AVX2 inline __m256 exp2_int_ps(__m256i k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
 }
 
+// 2^f for f in [-0.5, 0.5]: exp2_poly.h's polynomial of degree kDegree, by Horner's rule.
+template <int kDegree>
+FA_AVX2 inline __m256 exp2_fraction_ps(__m256 f) {
+  __m256 p = _mm256_set1_ps(kExp2Coefficients[kDegree]);
+  for (int k = kDegree - 1; k >= 0; --k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coefficients[k]));
+  return p;
+}
+
 // 2^x for x <= 0 or NaN by the rule of exp2_poly.h, with a polynomial of degree kDegree.
 // AVX2 has no scalef: 2^n is applied as 2^(n - n/2) * 2^(n/2), each factor a normal number for
 // n in [-150, 1], so that results down to 2^-150 come out as the AVX-512 set's (denormals
@@ -36,8 +44,7 @@ FA_AVX2 inline __m256 exp2_poly_ps(__m256 x) {
   const __m256 nonzero = _mm256_cmp_ps(x, _mm256_set1_ps(kExp2Lowest), _CMP_NEQ_UQ);  // NaN kept
   const __m256 n = _mm256_and_ps(nonzero, _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const __m256 f = _mm256_and_ps(nonzero, _mm256_sub_ps(x, n));
-  __m256 p = _mm256_set1_ps(kExp2Coefficients[kDegree]);
-  for (int k = kDegree - 1; k >= 0; --k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coefficients[k]));
+  const __m256 p = exp2_fraction_ps<kDegree>(f);
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i half = _mm256_srai_epi32(ni, 1);  // floor(n / 2)
   const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(p, exp2_int_ps(_mm256_sub_epi32(ni, half))), exp2_int_ps(half));
@@ -64,8 +71,7 @@ FA_AVX2 inline __m256 exp2_ps(__m256 x) {
   const __m256 shifted = _mm256_add_ps(x, magic);  // 1.5 * 2^23 + round(x)
   const __m256 n = _mm256_sub_ps(shifted, magic);
   const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(kExp2Coefficients[kExp2MaxDegree]);
-  for (int k = kExp2MaxDegree - 1; k >= 0; --k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coefficients[k]));
+  const __m256 p = exp2_fraction_ps<kExp2MaxDegree>(f);
   const __m256i scaled = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(shifted), 23));
   return _mm256_andnot_ps(zeroed, _mm256_castsi256_ps(scaled));
 }

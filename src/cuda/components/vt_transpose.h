@@ -74,8 +74,9 @@ struct VtTransposeSteps {
   static constexpr int kVtRowBytes = kBlockN % 128 == 0 ? 128 : 64;  // Vt's swizzle atom (kernel_traits.h)
   static_assert(kBlockN % 64 == 0 && kHeadDim % 128 == 0, "whole swizzle atoms of V and Vt");
 
-  static FA_VT_HD constexpr int key0(int step) { return 16 * (step % kKeyGroups); }
-  static FA_VT_HD constexpr int col0(int step) { return 32 * (step / kKeyGroups); }
+  // The step's first key and first column (unsigned: the divisions are shifts).
+  static FA_VT_HD constexpr uint32_t key0(uint32_t step) { return 16 * (step % kKeyGroups); }
+  static FA_VT_HD constexpr uint32_t col0(uint32_t step) { return 32 * (step / kKeyGroups); }
   // The first key of pair u: the key at slot 2u (the second is the next key, at slot 2u + 1).
   static FA_VT_HD constexpr int pair_key(int u) { return kernel_key(2 * u); }
   // The V column that row j of stmatrix matrix m holds: registers 0 and 1 are pair_keys of
@@ -87,10 +88,10 @@ struct VtTransposeSteps {
   //     k_major_offset<128, kBlockN>(key0 + pair_key(t % 8) + m % 2, col0 + 16 (m / 2)), m = t / 8,
   // written so that the lane's share is loop-invariant: key0 is a multiple of 16, so the row's
   // swizzle bits are the lane's key's; col0 a multiple of 32, so the 16-byte chunk is col0's
-  // XOR the lane's m / 2 (unsigned: the divisions are shifts).
+  // XOR the lane's m / 2.
   static FA_VT_HD constexpr uint32_t load_offset(uint32_t step, uint32_t lane) {
     const uint32_t m = lane / 8, key = uint32_t(pair_key(int(lane % 8))) + m % 2;
-    const uint32_t key0 = 16 * (step % kKeyGroups), col0 = 32 * (step / kKeyGroups);
+    const uint32_t key0 = VtTransposeSteps::key0(step), col0 = VtTransposeSteps::col0(step);
     const uint32_t chunk = ((col0 % 128) / 16) ^ (m / 2) ^ (key % 8);
     return (col0 / 128) * (kBlockN * 128) + (key0 + key) * 128 + chunk * 16;
   }
@@ -100,13 +101,11 @@ struct VtTransposeSteps {
   static FA_VT_HD constexpr uint32_t store_offset(uint32_t step, uint32_t lane) {
     const uint32_t column = uint32_t(store_column(int(lane / 8), int(lane % 8)));
     const uint32_t swizzle = kVtRowBytes == 128 ? column % 8 : (column / 2) % 4;
-    const uint32_t key0 = 16 * (step % kKeyGroups), col0 = 32 * (step / kKeyGroups);
+    const uint32_t key0 = VtTransposeSteps::key0(step), col0 = VtTransposeSteps::col0(step);
     const uint32_t chunk = ((key0 % kVtRowBytes) / 16) ^ swizzle;
     return (key0 / kVtRowBytes) * (kHeadDim * kVtRowBytes) + (col0 + column) * kVtRowBytes + chunk * 16;
   }
 };
-
-static_assert(kernel_key(2 * 3 + 1) == kernel_key(2 * 3) + 1, "a pair's two slots hold adjacent keys");
 
 }  // namespace fwd
 }  // namespace cuda
