@@ -43,6 +43,8 @@
 #             (default 128,256) under each FLASHATTN_KERNEL value of AB (default: the warpspec grid
 #             of one CTA per query tile, then the automatic choice; D-71), alternating, two rounds;
 #             bench/probes/ab_summary.py prints each point's best of the rounds and the ratio
+#   varlen_ab varlen prefill (CLI run, random lengths) on each prefill kernel forced in turn,
+#             alternating, two rounds: best TFLOP/s per kernel. Log: varlen-ab.log
 #   pagecost  decode over a paged cache (pages of 1 and 16 rows) against contiguous, CLI bench (D-61)
 #   spills    Nsight Compute's local-memory (spill) instructions and sectors of the kernels ptxas
 #             reports spilling, against all their instructions (bench/probes/spill_cost.py, D-49)
@@ -217,7 +219,8 @@ stage_warpspec_sanitize() {
     "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal" \
     "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20" \
     "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
-    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal"
+    "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal" \
+    "--varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
 }
 
 # The FP8 products (D-75): the V transpose's pipeline, the e4m3 operands, O's own buffer.
@@ -226,7 +229,8 @@ stage_fp8_warpspec_sanitize() {
   : >"$log"
   sanitize_warpspec_cases "$log" \
     "--dtype e4m3 --batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
-    "--dtype e4m3 --batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --window 16,8 --alibi --softcap 20"
+    "--dtype e4m3 --batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --window 16,8 --alibi --softcap 20" \
+    "--dtype e4m3 --varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128"
 }
 
 # The CLI cases the sanitizer stages run (--check against the CPU reference).
@@ -291,7 +295,7 @@ sanitize_index_faults() {
   local log=$1 kernel rc=0
   shift
   local kernels=("$@")
-  [ ${#kernels[@]} -gt 0 ] || kernels=(automatic mma splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off)
+  [ ${#kernels[@]} -gt 0 ] || kernels=(automatic mma warpspec splitkeys deep dims persistent heads automatic,combine=kernel,pdl=off)
   for kernel in "${kernels[@]}"; do
     echo "== memcheck IndexFaults FLASHATTN_KERNEL=$kernel" >>"$log"
     FLASHATTN_KERNEL=$kernel compute-sanitizer --tool memcheck --error-exitcode 9 "$CARRY/flashattn_tests_gpu" \
@@ -351,6 +355,39 @@ stage_ab() {
     done
   done >"$OUT/ab.log"
   python3 bench/probes/ab_summary.py "$OUT/ab.log"
+}
+
+# Varlen prefill (random lengths up to --seqlen-q) on each prefill kernel forced in turn, CLI
+# run --json, alternating, two rounds; the summary prints each case's best TFLOP/s per kernel
+# (warpspec serves varlen since session 27; before, wgmma did, and mma the e4m3 calls).
+VARLEN_AB_CASES=(
+  "--varlen --batch 16 --seqlen-q 2048 --heads 16 --head-dim 128"
+  "--varlen --batch 16 --seqlen-q 2048 --heads 16 --head-dim 128 --causal"
+  "--varlen --batch 64 --seqlen-q 512 --heads 16 --head-dim 128 --causal"
+  "--varlen --batch 16 --seqlen-q 2048 --heads 8 --head-dim 256 --causal"
+  "--dtype e4m3 --varlen --batch 16 --seqlen-q 2048 --heads 16 --head-dim 128"
+  "--dtype e4m3 --varlen --batch 16 --seqlen-q 2048 --heads 16 --head-dim 128 --causal"
+)
+stage_varlen_ab() {
+  local round kernel c
+  for round in 1 2; do
+    for c in "${VARLEN_AB_CASES[@]}"; do
+      for kernel in mma wgmma warpspec; do
+        printf '%s\t%s\t' "$kernel" "$c"
+        FLASHATTN_KERNEL="$kernel" "$CLI" run $c --repeat 20 --json 2>/dev/null || echo "{}"
+      done
+    done
+  done >"$OUT/varlen-ab.log"
+  python3 - "$OUT/varlen-ab.log" <<'PY'
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    kernel, case, record = line.rstrip("\n").split("\t")
+    tflops = json.loads(record or "{}").get("tflops", 0.0)
+    best.setdefault(case, {})[kernel] = max(best.get(case, {}).get(kernel, 0.0), tflops)
+for case, by_kernel in best.items():
+    print(case, " ".join(f"{k} {v:.0f}" for k, v in by_kernel.items()), "TFLOP/s")
+PY
 }
 
 # Paged decode against contiguous (the block_table checks' cost, D-61): the CLI's decode grid at

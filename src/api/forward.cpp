@@ -204,7 +204,7 @@ void run_attention(const Problem& kp, AttnParams& a, const KernelChoice& choice,
 
 void run_planned(const Problem& p, AttnParams& a, const AttentionOptions& o) {
   Problem kp = kernel_problem(p);
-  kp.tma_describable = kp.device == Device::cuda && !kp.varlen && !kp.kvcache && tma_describable(a);
+  kp.tma_describable = kp.device == Device::cuda && tma_describable(a);
   const CallPlan plan = make_plan(kp, o, 0);
   Scratch scratch(kp, plan.workspace_bytes, nullptr, o.stream);
   run_attention(kp, a, plan.choice, scratch, o.stream);

@@ -232,18 +232,19 @@ int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_
 
 bool tma_describable(const AttnParams& a) {
   constexpr int64_t kAlign = 16, kMaxStrideBytes = int64_t(1) << 40, kMaxExtent = int64_t(1) << 31;
+  if (a.block_table != nullptr || a.kv_cache) return false;  // pages and caches: rows gathered one by one
   auto extent_ok = [&](int64_t n) { return n >= 1 && n < kMaxExtent; };
   // strides in elements of the tensor's storage type (e4m3: one byte)
-  auto tensor_ok = [&](const void* base, DType storage, int64_t row, int64_t head, int64_t batch) {
+  auto tensor_ok = [&](const void* base, DType storage, const TmaRows& rows, int64_t row, int64_t head) {
     const int64_t elem = dtype_size(storage);
     auto stride_ok = [&](int64_t s) { return s > 0 && (s * elem) % kAlign == 0 && s * elem < kMaxStrideBytes; };
-    return reinterpret_cast<uintptr_t>(base) % kAlign == 0 && stride_ok(row) && stride_ok(head) && stride_ok(batch);
+    return reinterpret_cast<uintptr_t>(base) % kAlign == 0 && extent_ok(rows.rows) && extent_ok(rows.batches) &&
+           stride_ok(row) && stride_ok(head) && stride_ok(rows.batch_stride);
   };
-  return extent_ok(a.batch) && extent_ok(a.seqlen_q) && extent_ok(a.seqlen_k) && extent_ok(a.num_heads) &&
-         extent_ok(a.num_heads_k) && extent_ok(a.head_dim) &&
-         tensor_ok(a.q, a.q_storage, a.q_row_stride, a.q_head_stride, a.q_batch_stride) &&
-         tensor_ok(a.k, a.kv_storage, a.k_row_stride, a.k_head_stride, a.k_batch_stride) &&
-         tensor_ok(a.v, a.kv_storage, a.v_row_stride, a.v_head_stride, a.v_batch_stride);
+  return extent_ok(a.num_heads) && extent_ok(a.num_heads_k) && extent_ok(a.head_dim) && extent_ok(a.seqlen_k) &&
+         tensor_ok(a.q, a.q_storage, tma_q_rows(a), a.q_row_stride, a.q_head_stride) &&
+         tensor_ok(a.k, a.kv_storage, tma_kv_rows(a, a.k_batch_stride, a.k_row_stride), a.k_row_stride, a.k_head_stride) &&
+         tensor_ok(a.v, a.kv_storage, tma_kv_rows(a, a.v_batch_stride, a.v_row_stride), a.v_row_stride, a.v_head_stride);
 }
 
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k) {

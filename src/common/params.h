@@ -114,6 +114,25 @@ struct AttnParams {
   int num_threads = 0;
 };
 
+// The rows and batch entries one tensor's TMA descriptor spans (cuda/components/tma_tiles.h;
+// api/kernel_choice.cpp tma_describable checks them against the hardware's rules): the
+// sequence's rows per batch entry, or, with rows packed by cu_seqlens (varlen), all the
+// tensor's rows as one entry, each sequence's tiles starting at its row offset (rules.h SeqInfo).
+struct TmaRows {
+  int64_t rows, batches;
+  int64_t batch_stride;  // elements; with one entry, any valid stride (it is never stepped)
+  bool packed;
+};
+inline TmaRows tma_q_rows(const AttnParams& a) {
+  if (a.cu_seqlens_q != nullptr) return TmaRows{a.total_q, 1, a.q_row_stride, true};
+  return TmaRows{a.seqlen_q, a.batch, a.q_batch_stride, false};
+}
+// K or V (their own batch and row strides; the same rows).
+inline TmaRows tma_kv_rows(const AttnParams& a, int64_t batch_stride, int64_t row_stride) {
+  if (a.cu_seqlens_k != nullptr) return TmaRows{a.total_k, 1, row_stride, true};
+  return TmaRows{a.seqlen_k, a.batch, batch_stride, false};
+}
+
 // Appending new keys/values into a KV cache, with optional rotary embedding of q and k.
 // Run before attention. Rotary position of new key t of batch b: seqused_k[b] + t (absolute,
 // i.e. the cache row it is written to). Rotary position of query i: seqused_k[b] + i when

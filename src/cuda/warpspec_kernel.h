@@ -17,8 +17,10 @@
 //     of tile n runs while P V of tile n+1 is still on the tensor cores;
 //   - between the warpgroups, the turns of TensorCoreTurns: one issues its two products while
 //     the other runs its softmax (ping-pong).
-// Dense calls only (one K/V row range per (batch, head), TMA-describable strides: the kernel
-// choice checks both); the other layouts run on wgmma_kernel.h.
+// Dense and varlen calls with contiguous K/V and TMA-describable strides (the kernel choice
+// checks both; tma_tiles.h: a varlen sequence's tiles start at its packed row offset, and a
+// partial last key tile has its V rows past the keys zeroed); paged K/V, caches and packed GQA
+// run on wgmma_kernel.h.
 // FP8 products (WarpSpecFp8Traits, D-75): Q, K and V stay e4m3 and both products run as e4m3
 // wgmma. Warp 0 of the producer warpgroup loads; warps 1-3 transpose each V stage into a Vt
 // stage (components/fp8_operands.h), which the consumers read through a second pipeline
@@ -113,6 +115,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Smem = WarpSpecSmem<Traits>;
   static_assert(warpspec_smem_fits<Traits>(), "Traits::kSmemBytes holds the kernel's shared memory");
   static_assert(transpose_offsets_match<Traits>(), "vt_transpose.h k_major_offset follows the tile layouts");
+  static_assert(row_units_contiguous<Element, typename Traits::SmemLayoutKV>(), "zero_tile_rows stores 16-byte units");
   using Pipeline = typename Smem::Pipeline;
   using VtPipeline = typename Smem::VtPipeline;
   using Stage = typename Pipeline::PipelineState;
@@ -178,6 +181,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // query tile loads its Q once (also one with no visible key, which stores zeros through the
   // buffer), so the j-th use of a buffer completes its q_full for the j-th time, and the
   // consumers release it (q_empty) for the j-th time.
+  // The first row of a query tile's first key tile (tiles.hi - 1) whose packed K/V row lies past
+  // the sequence's keys and may hold any value (tma_tiles.h keys_end_before_their_rows), else
+  // kBlockN: that stage's V rows from there are zeroed before P V reads them.
+  auto first_foreign_row = [&](const CtaInfo& c, const CtaKeyTiles& tiles) {
+    const int past_end = c.seq.seqlen_k - (tiles.hi - 1) * kBlockN;
+    return keys_end_before_their_rows(p) && past_end < kBlockN ? past_end : kBlockN;
+  };
   auto q_buffer = [&](int i) { return i % Traits::kQBuffers; };
   auto q_parity = [&](int i) { return uint32_t(i / Traits::kQBuffers) & 1u; };
   auto q_tile = [&](int i) {
@@ -197,6 +207,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
           for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
             v_pipe.consumer_wait(v_read);
+            const int foreign = n == tiles.hi - 1 ? first_foreign_row(c, tiles) : kBlockN;
+            if (foreign < kBlockN) {  // zeros in V's rows past the keys, then Vt's keys are zeros
+              zero_tile_rows(v_stage(v_read.index()), foreign, int(threadIdx.x) - 32, kVTransposeThreads);
+              transposers_sync();
+            }
             vt_pipe.producer_acquire(vt_write);
             const uint32_t v_base = shared_address(smem.v.data() + v_read.index() * Traits::kKVElems);
             const uint32_t vt_base = shared_address(smem.fp8.vt.data() + vt_write.index() * Traits::kVtElems);
@@ -220,9 +235,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       CtaInfo c;
       if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
       const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
-      Tensor gQ = tma_rows(tma.q, p.seqlen_q, p, p.num_heads, c.head, c.b);
-      Tensor gK = tma_rows(tma.k, p.seqlen_k, p, p.num_heads_k, c.hk, c.b);
-      Tensor gV = tma_rows(tma.v, p.seqlen_k, p, p.num_heads_k, c.hk, c.b);
+      const int k_row0 = int(c.seq.k_row_offset) + c.seq.leftpad;  // key 0's row
+      Tensor gQ = tma_rows(tma.q, tma.q_rows, p, p.num_heads, c.head, c.b, int(c.seq.q_row_offset));
+      Tensor gK = tma_rows(tma.k, tma.kv_rows, p, p.num_heads_k, c.hk, c.seq.kv_batch, k_row0);
+      Tensor gV = tma_rows(tma.v, tma.kv_rows, p, p.num_heads_k, c.hk, c.seq.kv_batch, k_row0);
       auto load_q = [&]() {  // once the buffer's previous query tile is stored
         const int b = q_buffer(q_loads);
         if (q_loads >= Traits::kQBuffers) smem.q_empty[b].wait(q_parity(q_loads - Traits::kQBuffers));
@@ -352,6 +368,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       ++k_read;
       softmax_of_tile(acc_s, n);
       set_p(acc_s);
+      if constexpr (!kFp8) {  // (FP8 products: the transposing warps zero them)
+        const int foreign = first_foreign_row(c, tiles);
+        if (foreign < kBlockN) {  // V's rows past the keys: zeros, before either warpgroup's P V
+          v_wait(v_read);
+          zero_tile_rows(v_stage(v_read.index()), foreign, tid, kConsumerThreads);
+          cutlass::arch::fence_view_async_shared();  // the generic writes, before wgmma reads them
+          consumers_sync();
+        }
+      }
 
       // then S of tile n with P V of tile n+1 on the tensor cores, the softmax of tile n under P V
       for (--n; n >= tiles.lo; --n) {

@@ -306,11 +306,12 @@ std::vector<VarlenCase> varlen_cases(Device device) {
     c.layout = chance(rng, 30) ? Layout::padded : Layout::contiguous;
     v.push_back(c);
   }
-  // FP8: e4m3 q, k, v, packed or paged; paged K/V in e4m3 under a bf16 q (chunked prefill
-  // over an FP8 cache)
+  // FP8: e4m3 q, k, v, packed (also trimmed: NaN rows past the keys) or paged; paged K/V in
+  // e4m3 under a bf16 q (chunked prefill over an FP8 cache)
   for (const auto& [fp8, page, kv_only, trimmed] : std::vector<std::tuple<Fp8, int, bool, bool>>{
            {Fp8::per_head, 0, false, false}, {Fp8::per_tensor, 16, false, true},
-           {Fp8::per_head, 16, true, false}, {Fp8::per_tensor, 1, true, true}}) {
+           {Fp8::per_head, 16, true, false}, {Fp8::per_tensor, 1, true, true},
+           {Fp8::per_tensor, 0, false, true}}) {
     VarlenCase c;
     c.device = device;
     c.dtype = DType::bf16;

@@ -377,6 +377,25 @@ TEST(KernelChoice, TmaDescribableFollowsTheHardwareRules) {
   b = a;
   b.seqlen_k = 0;  // no keys: no tensor to describe
   EXPECT_FALSE(flashattn::tma_describable(b));
+  // varlen: packed rows, one batch entry spanning them (batch strides unused)
+  static const int cu[3] = {0, 60, 100};
+  flashattn::AttnParams packed = a;
+  packed.cu_seqlens_q = packed.cu_seqlens_k = cu;
+  packed.total_q = 100, packed.total_k = 300;
+  packed.q_batch_stride = packed.k_batch_stride = packed.v_batch_stride = 0;
+  EXPECT_TRUE(flashattn::tma_describable(packed));
+  EXPECT_EQ(flashattn::tma_q_rows(packed).rows, 100);
+  EXPECT_EQ(flashattn::tma_q_rows(packed).batches, 1);
+  EXPECT_EQ(flashattn::tma_kv_rows(packed, 0, packed.k_row_stride).rows, 300);
+  b = packed;
+  b.total_k = 0;  // no key rows
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = packed;
+  b.block_table = cu;  // pages: rows gathered one by one
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = a;
+  b.kv_cache = true;  // a cache (appends, rotary, cache_batch_idx)
+  EXPECT_FALSE(flashattn::tma_describable(b));
 }
 
 TEST(KernelChoice, PrefillRunsWgmmaOnSm90WithOneSplitElseMma) {  // D-1

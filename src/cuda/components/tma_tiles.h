@@ -1,10 +1,13 @@
 // Tiles of Q, K and V loaded by the Tensor Memory Accelerator (TMA, sm_90).
 //
 // Each tensor gets one descriptor, built on the host over its (rows, d, heads, batch) view with
-// the strides of AttnParams. A tile is one bulk tensor copy issued by one thread; it lands in
-// the swizzled shared-memory layout that wgmma reads and completes on an mbarrier by its byte
-// count. Rows and columns past the tensor's extent (the sequence's end, a head dim below the
-// instance's) arrive as zeros, so no tile needs a bounds check of its own.
+// the strides of AttnParams (params.h TmaRows: per batch entry, or varlen's packed rows as one
+// entry). A tile is one bulk tensor copy issued by one thread; it lands in the swizzled
+// shared-memory layout that wgmma reads and completes on an mbarrier by its byte count. Rows and
+// columns past the tensor's extent (a dense sequence's end, a head dim below the instance's)
+// arrive as zeros. Packed rows past a sequence's end are the next sequence's (or, with
+// seqused_k, unused rows): the kernel masks their scores and zeroes their V rows
+// (zero_tile_rows).
 //
 // Only tensors that meet the hardware's rules for a descriptor get here: api/kernel_choice.h
 // tma_describable checks them, and the kernel choice sends other layouts to the gathering
@@ -12,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -35,11 +39,22 @@ using TmaTileLoad = decltype(make_tma_copy(
     SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), TmaGmemLayout{}),
     SmemLayout{}, make_shape(size<0>(SmemLayout{}), size<1>(SmemLayout{})), _1{}));
 
+// The rows a descriptor spans, as the kernel's coordinate tensors need them (params.h TmaRows).
+struct TmaRowsExtent {
+  int32_t rows, batches;
+  bool packed;
+};
+
+inline TmaRowsExtent tma_rows_extent(const TmaRows& r) {
+  return TmaRowsExtent{int32_t(r.rows), int32_t(r.batches), r.packed};
+}
+
 // The descriptors of one call: Q tiles of kBlockM rows, K and V tiles of kBlockN rows.
 template <class Traits>
 struct TmaQkv {
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutQ> q;
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutKV> k, v;
+  TmaRowsExtent q_rows, kv_rows;
 };
 
 inline TmaGmemLayout tma_gmem_layout(int rows, int head_dim, int heads, int batch, int64_t row_stride,
@@ -48,33 +63,71 @@ inline TmaGmemLayout tma_gmem_layout(int rows, int head_dim, int heads, int batc
                      make_stride(row_stride, _1{}, head_stride, batch_stride));
 }
 
-// Built on the host for a dense call (one K/V row range per batch entry, no page table); the
-// caller has checked tma_describable.
+// Built on the host for a dense or varlen call; the caller has checked tma_describable.
 template <class Traits>
 TmaQkv<Traits> make_tma_qkv(const AttnParams& p) {
   using Element = typename Traits::Element;
-  auto tile_load = [&](const void* base, int rows, int heads, int64_t row, int64_t head, int64_t batch,
-                       auto smem_layout) {
+  auto tile_load = [&](const void* base, const TmaRows& rows, int heads, int64_t row, int64_t head, auto smem_layout) {
     Tensor g = make_tensor(make_gmem_ptr(static_cast<const Element*>(base)),
-                           tma_gmem_layout(rows, p.head_dim, heads, p.batch, row, head, batch));
+                           tma_gmem_layout(int(rows.rows), p.head_dim, heads, int(rows.batches), row, head,
+                                           rows.batch_stride));
     return make_tma_copy(SM90_TMA_LOAD{}, g, smem_layout,
                          make_shape(size<0>(smem_layout), size<1>(smem_layout)), _1{});
   };
+  const TmaRows q_rows = tma_q_rows(p);
+  const TmaRows k_rows = tma_kv_rows(p, p.k_batch_stride, p.k_row_stride);
+  const TmaRows v_rows = tma_kv_rows(p, p.v_batch_stride, p.v_row_stride);
   return TmaQkv<Traits>{
-      tile_load(p.q, p.seqlen_q, p.num_heads, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                typename Traits::SmemLayoutQ{}),
-      tile_load(p.k, p.seqlen_k, p.num_heads_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
-                typename Traits::SmemLayoutKV{}),
-      tile_load(p.v, p.seqlen_k, p.num_heads_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-                typename Traits::SmemLayoutKV{})};
+      tile_load(p.q, q_rows, p.num_heads, p.q_row_stride, p.q_head_stride, typename Traits::SmemLayoutQ{}),
+      tile_load(p.k, k_rows, p.num_heads_k, p.k_row_stride, p.k_head_stride, typename Traits::SmemLayoutKV{}),
+      tile_load(p.v, v_rows, p.num_heads_k, p.v_row_stride, p.v_head_stride, typename Traits::SmemLayoutKV{}),
+      tma_rows_extent(q_rows), tma_rows_extent(k_rows)};
 }
 
-// The TMA coordinate tensors of the three descriptors (device side), one (batch, head) slice.
+// The TMA coordinate tensor of one (batch entry, head) of a descriptor spanning `extent`, its
+// row 0 at row first_row of the entry (a packed sequence's offset; 0 for a dense one): (rows, d).
 template <class Tma>
-__device__ __forceinline__ auto tma_rows(const Tma& tma, int rows, const AttnParams& p, int heads, int head,
-                                         int b) {
-  Tensor m = tma.get_tma_tensor(make_shape(int32_t(rows), int32_t(p.head_dim), int32_t(heads), int32_t(p.batch)));
-  return m(_, _, head, b);  // (rows, d)
+__device__ __forceinline__ auto tma_rows(const Tma& tma, const TmaRowsExtent& extent, const AttnParams& p,
+                                         int heads, int head, int b, int first_row) {
+  Tensor m = tma.get_tma_tensor(make_shape(extent.rows, int32_t(p.head_dim), int32_t(heads), extent.batches));
+  return domain_offset(make_coord(first_row, _0{}), m(_, _, head, extent.packed ? 0 : b));
+}
+
+// Packed rows past a sequence's last key (varlen: the next sequence's keys, or with seqused_k
+// rows it does not use) can hold any value, NaN too; their scores are masked, but a V row enters
+// P V as 0 x value, so a partial last key tile has its V rows zeroed (zero_tile_rows) first.
+// Dense sequences end at their descriptor's extent, past which TMA writes zeros.
+__device__ __forceinline__ bool keys_end_before_their_rows(const AttnParams& p) {
+  return p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+}
+
+// The shared-memory tile layouts keep each 16-byte unit of a row contiguous (a few points of
+// each unit, at compile time): zero_tile_rows stores whole units.
+template <class Element, class SmemLayout>
+constexpr bool row_units_contiguous() {
+  constexpr int kUnit = 16 / int(sizeof(Element));
+  constexpr int kRows = int(size<0>(SmemLayout{})), kCols = int(size<1>(SmemLayout{}));
+  SmemLayout s{};
+  for (int r : {0, 1, 7, kRows - 1}) {
+    for (int c = 0; c < kCols; c += kUnit) {
+      if (int(s(r, c + kUnit - 1)) != int(s(r, c)) + kUnit - 1 || int(s(r, c)) % kUnit != 0) return false;
+    }
+  }
+  return true;
+}
+
+// Zeroes rows [first_row, rows) of shared-memory tile s (rows x cols) in 16-byte stores, thread
+// `thread` of `threads`; the layout passes row_units_contiguous.
+template <class STile>
+__device__ __forceinline__ void zero_tile_rows(STile&& s, int first_row, int thread, int threads) {
+  using Element = typename std::decay_t<STile>::value_type;
+  constexpr int kUnit = 16 / int(sizeof(Element));
+  constexpr int kRows = decltype(size<0>(s))::value;
+  constexpr int kUnits = decltype(size<1>(s))::value / kUnit;
+  for (int u = first_row * kUnits + thread; u < kRows * kUnits; u += threads) {
+    const int r = u / kUnits, c = (u - r * kUnits) * kUnit;
+    *reinterpret_cast<uint4*>(&s(r, c)) = make_uint4(0u, 0u, 0u, 0u);
+  }
 }
 
 // Loads tile `tile` (of the tile shape of sTile) of the (rows, d) coordinate tensor gRows into

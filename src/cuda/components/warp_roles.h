@@ -36,6 +36,7 @@ enum class WarpSpecBarrier : uint32_t {
   consumers = 0,  // both consumer warpgroups (the epilogue's staged O)
   turn_of_first = 1,
   turn_of_second = 2,
+  transposers = 3,  // FP8 products: the V-transposing warps (a V stage's zeroed rows)
 };
 
 __device__ __forceinline__ int warpgroup_index() {
@@ -44,6 +45,10 @@ __device__ __forceinline__ int warpgroup_index() {
 
 __device__ __forceinline__ void consumers_sync() {
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(WarpSpecBarrier::consumers));
+}
+
+__device__ __forceinline__ void transposers_sync() {
+  cutlass::arch::NamedBarrier::sync(kVTransposeThreads, uint32_t(WarpSpecBarrier::transposers));
 }
 
 // The two consumer warpgroups' turns at the tensor cores. A turn is: take(), issue this
