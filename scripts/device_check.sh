@@ -39,6 +39,9 @@
 #             run flags; default 2 x 8k x 16 heads, d 128), bf16 and e4m3 side by side: speed of
 #             light, pipe and issue use, scheduler, the stall reasons per issued instruction.
 #             Log: profile.log; summary: profile-warpspec-h200.json (bench/probes/profile_summary.py)
+#   hotspots  Nsight Compute's warp-state samples per SASS instruction of the warpspec kernel
+#             (HOTSPOT_CASES: bf16 512 causal, e4m3 8k), the instructions where warps stall most
+#             (bench/probes/stall_hotspots.py). Log: hotspots.log, CSV: hotspots-N.csv.gz
 #   ab        two kernel overrides side by side: `flashattn bench` over the FA2 grid at AB_DIMS
 #             (default 128,256) under each FLASHATTN_KERNEL value of AB (default: the warpspec grid
 #             of one CTA per query tile, then the automatic choice; D-71), alternating, two rounds;
@@ -213,14 +216,16 @@ sanitize_warpspec_cases() {
 }
 
 stage_warpspec_sanitize() {
-  local log="$OUT/sanitizer-warpspec.log"
+  local log="$OUT/sanitizer-warpspec.log" rc=0
   : >"$log"
   sanitize_warpspec_cases "$log" \
     "--batch 2 --seqlen-q 77 --seqlen-k 130 --heads 4 --kv-heads 2 --head-dim 64 --causal" \
     "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20" \
     "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
     "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal" \
-    "--varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal"
+    "--varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" || rc=1
+  sanitize_index_faults "$log" warpspec || rc=1  # varlen's bad index values on the warpspec kernel
+  return $rc
 }
 
 # The FP8 products (D-75): the V transpose's pipeline, the e4m3 operands, O's own buffer.
@@ -444,6 +449,29 @@ stage_profile() {
       "$CLI" run --device cuda --dtype "$dtype" --repeat 3 $args >>"$log" 2>&1 || rc=1
   done
   python3 bench/probes/profile_summary.py "$log" --out "$OUT/profile-warpspec-h200.json" || rc=1
+  return $rc
+}
+
+# Where the warpspec kernel's warps stall, per SASS instruction: Nsight Compute's warp-state
+# sampling (SourceCounters) of one launch per HOTSPOT_CASES entry, the source page as CSV
+# (hotspots-N.csv.gz), summarized by bench/probes/stall_hotspots.py. Log: hotspots.log
+HOTSPOT_CASES=(
+  "--dtype bf16 --batch 32 --seqlen-q 512 --seqlen-k 512 --heads 16 --kv-heads 16 --head-dim 128 --causal"
+  "--dtype e4m3 --batch 2 --seqlen-q 8192 --seqlen-k 8192 --heads 16 --kv-heads 16 --head-dim 128"
+)
+stage_hotspots() {
+  local log="$OUT/hotspots.log" i=0 c rc=0
+  : >"$log"
+  for c in "${HOTSPOT_CASES[@]}"; do
+    i=$((i + 1))
+    echo "== case $i: $c" | tee -a "$log"
+    ncu --kernel-name regex:warpspec --launch-skip 1 --launch-count 1 --section SourceCounters \
+      --section WarpStateStats --import-source no -f -o "/tmp/hotspots-$i" \
+      "$CLI" run --device cuda --repeat 3 $c >>"$log" 2>&1 || rc=1
+    ncu -i "/tmp/hotspots-$i.ncu-rep" --page source --csv --print-source sass >"/tmp/hotspots-$i.csv" 2>>"$log" || rc=1
+    gzip -c "/tmp/hotspots-$i.csv" >"$OUT/hotspots-$i.csv.gz"
+    python3 bench/probes/stall_hotspots.py "/tmp/hotspots-$i.csv" --top 40 2>&1 | tee -a "$log" | head -n 30
+  done
   return $rc
 }
 

@@ -23,7 +23,7 @@ python3 -m pip install -q .
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .)
 
 if command -v nvcc >/dev/null 2>&1; then
-  echo "== CUDA compile check (bf16, head dim 128, sm_90a)"
+  echo "== CUDA compile check (bf16, head dims 128 and 256, sm_90a)"
   cmake --preset cuda-compile-check >/dev/null
   cmake --build --preset cuda-compile-check -j "$JOBS"
 fi
