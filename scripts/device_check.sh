@@ -377,7 +377,7 @@ stage_varlen_ab() {
   local round kernel c
   for round in 1 2; do
     for c in "${VARLEN_AB_CASES[@]}"; do
-      for kernel in mma wgmma warpspec; do
+      for kernel in mma wgmma warpspec warpspec,grid=tiles; do
         printf '%s\t%s\t' "$kernel" "$c"
         FLASHATTN_KERNEL="$kernel" "$CLI" run $c --repeat 20 --json 2>/dev/null || echo "{}"
       done

@@ -322,15 +322,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   };
   Stage k_read, v_read;  // consumers start at phase 0
   int q_loads = 0;
+  // Each consumer warpgroup computes, stages and stores its own 64 rows of a tile.
+  const int consumer = warpgroup - 1, tid_in_warpgroup = tid % kWarpgroupThreads;
+  constexpr int kOwnRows = kBlockM / kConsumerWarpgroups;
+  const int own_row0 = consumer * kOwnRows;
 
   for (int round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
     CtaInfo c;
     if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
     const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
     const int key_tiles = tiles.hi - tiles.lo;
-    // The O row offsets of this tile, beside those of the previous one that may still be read
-    // by its stores (the epilogue's consumers_sync of this tile ends them).
-    for (int r = tid; r < kBlockM; r += kConsumerThreads) {
+    // The O row offsets of this warpgroup's rows of the tile, beside those of the previous tile
+    // that its stores may still read (this tile's consumer_warpgroup_sync ends them).
+    for (int r = own_row0 + tid_in_warpgroup; r < own_row0 + kOwnRows; r += kWarpgroupThreads) {
       const int row = c.m0 + r;
       const PackedRow pr = tile_row_query(p, c, row);
       smem.o_off[q_loads & 1][r] = row < c.rows ? o_offset(p, c.seq, c.b, pr.query, pr.head) : kNoRow;
@@ -418,22 +422,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       ++v_read;
     }
 
-    // ---- epilogue: O normalised into Q's buffer (each warpgroup over its own 64 rows, which
-    // only its own products read; FP8 products: O's own buffer), then 16-byte row stores by both
-    // consumer warpgroups; then Q's buffer goes back to the producer (its generic-proxy accesses
-    // ordered before the next TMA write)
+    // ---- epilogue: each warpgroup normalises its own 64 rows of O into Q's buffer (which only
+    // its own products read; FP8 products: O's own buffer), then stores them with 16-byte row
+    // stores, with no wait on the other warpgroup; then Q's buffer goes back to the producer
+    // (its generic-proxy accesses ordered before the next TMA write)
     if constexpr (kFp8) {
-      // O's own buffer: the previous query tile's stores are done with it first
+      // O's own buffer: this warpgroup's stores of the previous query tile are done with it first
       Tensor sO = make_tensor(make_smem_ptr(smem.fp8.o.data()), typename Traits::SmemLayoutO{});
-      consumers_sync();
+      consumer_warpgroup_sync(consumer);
       stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
-      consumers_sync();
-      store_o_rows<typename Traits::OutTraits>(p, sO, smem.o_off[q_loads & 1], tid);
+      consumer_warpgroup_sync(consumer);
+      store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
     } else {
       Tensor sO = q_tile(q_loads);
       stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
-      consumers_sync();
-      store_o_rows<Traits>(p, sO, smem.o_off[q_loads & 1], tid);
+      consumer_warpgroup_sync(consumer);
+      store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
     }
     cutlass::arch::fence_view_async_shared();
     smem.q_empty[q_buffer(q_loads)].arrive();

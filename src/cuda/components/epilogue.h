@@ -52,38 +52,72 @@ __device__ __forceinline__ void store_o_rows(const AttnParams& p, const SmemTens
 // (kBlockM x kHeadDim, the Q buffer's swizzled layout), and their LSE written by one thread of
 // each quad. The caller then synchronises and stores sO (store_o_rows).
 //
-// O is staged two adjacent columns at a time: one 32-bit shared store (the swizzle moves whole
-// 16-byte chunks, so columns 2k and 2k+1 stay adjacent) at the address the CuTe tensor gives
-// (its swizzle acts on the address bits). Written through the tensor, these were element-wise
-// generic stores: 388 of a d = 64 s = 512 CTA's 4,726 instructions per warp (docs/DECISIONS.md
-// D-9).
+// O is staged by stmatrix: a thread holds, for each of its two rows i (a warp's rows r0 + l / 4
+// and + 8, lane l) and each 8-column block j, the pair of columns 8 j + 2 (l % 4) + {0, 1}, which
+// is one lane's share of an 8 x 8 block of 16-bit elements. One stmatrix.x4 stores four blocks
+// (rows i = 0, 1 of blocks j, j + 1); lane l gives the address of row l % 8 of block l / 8, 16
+// contiguous bytes (the swizzle moves whole 16-byte chunks). 8 stores per thread at d = 128;
+// 32-bit stores were 32, each with its swizzled address (docs/DECISIONS.md D-9, D-79).
 template <class ThrMma, class AccO, int kRows, class SO>
 __device__ __forceinline__ void stage_wgmma_o(const AttnParams& p, const CtaInfo& c, const ScoreScale& sc,
                                               const ThrMma& thr_o, AccO& acc_o,
                                               const SoftmaxRowState (&rows)[kRows], SO& sO) {
   using Element = typename SO::value_type;
+  static_assert(sizeof(Element) == 2 && kRows == 2, "16-bit O, a thread's two accumulator rows");
   Tensor o_rc = make_tensor(acc_o.data(), gmma_acc_to_rowcol(acc_o.layout()));  // (kRows, d)
+  constexpr int kBlocks = decltype(size<1>(o_rc))::value / 2;  // 8-column blocks
+  static_assert(kBlocks % 2 == 0, "two blocks per stmatrix.x4");
   Tensor cO = make_identity_tensor(make_shape(size<0>(sO), size<1>(sO)));  // (rows, d), flat
   Tensor tOcO = thr_o.partition_C(cO);
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
+  const int lane = int(threadIdx.x) % 32;
   const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
+  float out_scale[kRows];
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const SoftmaxRowState row = quad_row_state(rows[i]);
     const SoftmaxResult result = sc.finish(row);  // no visible key: O = 0, LSE = -inf
+    out_scale[i] = result.out_scale;
     const int r = get<0>(tOcO_rc(i, 0));
-    CUTE_UNROLL
-    for (int d = 0; d < size<1>(o_rc); d += 2) {
-      cutlass::Array<Element, 2> pair;
-      pair[0] = static_cast<Element>(o_rc(i, d) * result.out_scale);
-      pair[1] = static_cast<Element>(o_rc(i, d + 1) * result.out_scale);
-      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(&sO(r, get<1>(tOcO_rc(i, d)))));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(reinterpret_cast<const uint32_t&>(pair))
-                   : "memory");
-    }
     if (p.lse != nullptr && owns_row_lse && c.m0 + r < c.rows) {
       const PackedRow pr = tile_row_query(p, c, c.m0 + r);
       p.lse[lse_offset(p, c.seq, c.b, pr.query, pr.head)] = result.lse;
+    }
+  }
+  auto pair_of = [&](int i, int j) {  // row i, block j: the thread's two columns as one register
+    cutlass::Array<Element, 2> pair;
+    pair[0] = static_cast<Element>(o_rc(i, 2 * j) * out_scale[i]);
+    pair[1] = static_cast<Element>(o_rc(i, 2 * j + 1) * out_scale[i]);
+    return reinterpret_cast<const uint32_t&>(pair);
+  };
+  const int block = lane / 8;  // the block whose row this lane addresses: row i = block % 2, j + block / 2
+  const int row = get<0>(tOcO_rc(0, 0)) - lane / 4 + 8 * (block % 2) + lane % 8;
+  CUTE_UNROLL
+  for (int j = 0; j < kBlocks; j += 2) {
+    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(&sO(row, 8 * (j + block / 2))));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(pair_of(0, j)), "r"(pair_of(1, j)), "r"(pair_of(0, j + 1)), "r"(pair_of(1, j + 1))
+                 : "memory");
+  }
+}
+
+// The rows [row0, row0 + kRows) of the staged O tile sO to global memory with 16-byte stores by
+// the 128 threads of one warpgroup (thread: 0..127), row r at p.o + o_off[r] (kNoRow: not
+// stored), columns < head_dim (warpspec_kernel.h: each consumer warpgroup stores its own rows).
+template <int kRows, class SmemTensor>
+__device__ __forceinline__ void store_warpgroup_o_rows(const AttnParams& p, const SmemTensor& sO, int row0,
+                                                       const int64_t* o_off, int thread) {
+  using Element = typename SmemTensor::value_type;
+  constexpr int kChunk = 16 / int(sizeof(Element));
+  constexpr int kChunksPerRow = decltype(size<1>(sO))::value / kChunk;
+  constexpr int kThreads = 128;
+  Element* o = static_cast<Element*>(p.o);
+  CUTE_UNROLL
+  for (int e = thread; e < kRows * kChunksPerRow; e += kThreads) {
+    const int r = row0 + e / kChunksPerRow, col = (e % kChunksPerRow) * kChunk;
+    const int64_t off = o_off[r];
+    if (off != kNoRow && col < p.head_dim) {
+      *reinterpret_cast<uint4*>(o + off + col) = *reinterpret_cast<const uint4*>(&sO(r, col));
     }
   }
 }

@@ -37,6 +37,7 @@ enum class WarpSpecBarrier : uint32_t {
   turn_of_first = 1,
   turn_of_second = 2,
   transposers = 3,  // FP8 products: the V-transposing warps (a V stage's zeroed rows)
+  own_rows_first = 4,  // one consumer warpgroup (4, 5): the epilogue of its own 64 rows
 };
 
 __device__ __forceinline__ int warpgroup_index() {
@@ -45,6 +46,11 @@ __device__ __forceinline__ int warpgroup_index() {
 
 __device__ __forceinline__ void consumers_sync() {
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(WarpSpecBarrier::consumers));
+}
+
+// The 128 threads of consumer warpgroup `consumer` (0 or 1).
+__device__ __forceinline__ void consumer_warpgroup_sync(int consumer) {
+  cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, uint32_t(WarpSpecBarrier::own_rows_first) + uint32_t(consumer));
 }
 
 __device__ __forceinline__ void transposers_sync() {
