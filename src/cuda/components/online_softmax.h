@@ -14,23 +14,6 @@ namespace fwd {
 using namespace cute;
 using cute::Tensor;  // not flashattn::Tensor (the public view)
 
-// The largest score of row i, reduced as a tree (depth log2 kCols; a chain through the row was
-// kCols dependent instructions deep). fmaxf is exact and drops a NaN in any order, so the result
-// is the chain's.
-template <class S>
-__device__ __forceinline__ float row_max(const S& s, int i) {
-  constexpr int kCols = decltype(size<1>(s))::value;
-  float v[kCols];
-  CUTE_UNROLL
-  for (int jj = 0; jj < kCols; ++jj) v[jj] = s(i, jj);
-  CUTE_UNROLL
-  for (int w = 1; w < kCols; w *= 2) {
-    CUTE_UNROLL
-    for (int jj = 0; jj + w < kCols; jj += 2 * w) v[jj] = fmaxf(v[jj], v[jj + w]);
-  }
-  return v[0];
-}
-
 // The softmax half of an online-softmax step: fold the scores s (rows, cols) into the running
 // state of each row and turn s into P = exp2(x * scale_log2 - max'); correction[i] is the
 // factor row i of O must be scaled by (rescale_rows) before P V is added. A row's sum stays
@@ -41,7 +24,10 @@ __device__ __forceinline__ void softmax_update(S& s, SoftmaxRowState* rows, floa
   constexpr int kCols = decltype(size<1>(s))::value;
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    const float m = quad_allreduce_max(fmaxf(rows[i].max, row_max(s, i)));
+    float m = rows[i].max;
+    CUTE_UNROLL
+    for (int jj = 0; jj < kCols; ++jj) m = fmaxf(m, s(i, jj));
+    m = quad_allreduce_max(m);
     correction[i] = rows[i].raise_max(m, scale_log2);
     const float m_scaled = rows[i].exp2_offset(scale_log2);
     float sum = 0.0f;
