@@ -364,7 +364,8 @@ stage_ab() {
 
 # Varlen prefill (random lengths up to --seqlen-q) on each prefill kernel forced in turn, CLI
 # run --json, alternating, two rounds; the summary prints each case's best TFLOP/s per kernel
-# (warpspec serves varlen since session 27; before, wgmma did, and mma the e4m3 calls).
+# (warpspec serves varlen since session 27, one CTA per query tile (D-79), against its persistent
+# grid of 132 CTAs; before, wgmma did, and mma the e4m3 calls).
 VARLEN_AB_CASES=(
   "--varlen --batch 16 --seqlen-q 2048 --heads 16 --head-dim 128"
   "--varlen --batch 16 --seqlen-q 2048 --heads 16 --head-dim 128 --causal"
@@ -377,7 +378,7 @@ stage_varlen_ab() {
   local round kernel c
   for round in 1 2; do
     for c in "${VARLEN_AB_CASES[@]}"; do
-      for kernel in mma wgmma warpspec warpspec,grid=tiles; do
+      for kernel in mma wgmma warpspec warpspec,grid=132; do
         printf '%s\t%s\t' "$kernel" "$c"
         FLASHATTN_KERNEL="$kernel" "$CLI" run $c --repeat 20 --json 2>/dev/null || echo "{}"
       done

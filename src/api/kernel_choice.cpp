@@ -177,7 +177,7 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
   const bool warpspec_reads_it = !p.fp8 || (p.fp8_qkv && fp8_products_head_dim(d.served_head_dim));
   if (warpspec_wanted && serves_warpspec(p, d, w, c) && warpspec_reads_it) c.kernel = Kernel::warpspec;
   if (c.kernel == Kernel::warpspec) {
-    c.persistent_ctas = o.prefill_ctas < 0 ? 0 : o.prefill_ctas > 0 ? o.prefill_ctas : warpspec_persistent_ctas(d.sms);  // D-71
+    c.persistent_ctas = o.prefill_ctas < 0 ? 0 : o.prefill_ctas > 0 ? o.prefill_ctas : warpspec_persistent_ctas(d.sms, p.varlen);  // D-71, D-79
   }
   constexpr int64_t kMaxGridYZ = 65535;  // heavy first puts the query tiles in grid z
   bool heavy = false;

@@ -134,8 +134,12 @@ inline bool keys_suit_96_key_tile(int seqlen_k) {
 inline bool warpspec_pays(int served_head_dim) { return served_head_dim >= 128; }
 
 // The warpspec kernel on a persistent grid, one CTA per SM (its shared memory holds one): a
-// CTA's next query tile loads while it finishes the current one (D-71).
-inline int64_t warpspec_persistent_ctas(int sms) { return sms; }
+// CTA's next query tile loads while it finishes the current one (D-71). Varlen calls get one CTA
+// per query tile instead: their tiles' costs vary with each sequence's length (and tiles past a
+// sequence's end cost nothing), so the persistent grid's fixed share of tiles per CTA left some
+// CTAs far more work than others, while the hardware hands a tile grid's CTAs to SMs as they
+// free up (D-79).
+inline int64_t warpspec_persistent_ctas(int sms, bool varlen) { return varlen ? 0 : sms; }
 
 // Query tiles start heaviest first across all units where a tile's walk grows with its rows
 // (causal, or a right window alone): +3-10% at d = 128/256 causal; without a mask the unit-by-unit

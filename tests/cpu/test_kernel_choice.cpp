@@ -347,6 +347,11 @@ TEST(KernelChoice, WarpspecRunsOnOnePersistentCtaPerSm) {  // D-71
   EXPECT_EQ(choose(dense, tiles).persistent_ctas, 0);  // one CTA per query tile
   tiles.prefill_ctas = 3;
   EXPECT_EQ(choose(dense, tiles).persistent_ctas, 3);
+  Problem varlen = dense;  // D-79: tiles of unequal cost, one CTA each
+  varlen.varlen = true;
+  EXPECT_EQ(choose(varlen).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(varlen).persistent_ctas, 0);
+  EXPECT_EQ(choose(varlen, tiles).persistent_ctas, 3);  // the override still forces a persistent grid
   flashattn::KernelOverride wgmma;
   wgmma.kernel = Kernel::wgmma;
   EXPECT_EQ(choose(dense, wgmma).persistent_ctas, 0);
