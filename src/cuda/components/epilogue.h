@@ -47,6 +47,15 @@ __device__ __forceinline__ void store_o_rows(const AttnParams& p, const SmemTens
   }
 }
 
+// v, hidden from the compiler's loop-invariant code motion: what is derived from it is computed
+// where it is used, once per query tile. The epilogue's shared-memory addresses depend only on
+// the thread; hoisted out of the warpspec kernel's tile loop, ptxas kept 16 of them at d = 256
+// and spilled them to local memory (D-79).
+__device__ __forceinline__ int recomputed_here(int v) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(v));
+  return v;
+}
+
 // The end of a tile computed by warpgroup MMAs (wgmma_kernel.h, warpspec_kernel.h): this
 // thread's rows of O (acc_o, partitioned by thr_o) normalised by their state and staged in sO
 // (kBlockM x kHeadDim, the Q buffer's swizzled layout), and their LSE written by one thread of
@@ -70,7 +79,7 @@ __device__ __forceinline__ void stage_wgmma_o(const AttnParams& p, const CtaInfo
   Tensor cO = make_identity_tensor(make_shape(size<0>(sO), size<1>(sO)));  // (rows, d), flat
   Tensor tOcO = thr_o.partition_C(cO);
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_acc_to_rowcol(tOcO.layout()));
-  const int lane = int(threadIdx.x) % 32;
+  const int lane = recomputed_here(int(threadIdx.x) % 32);
   const bool owns_row_lse = get<1>(tOcO_rc(0, 0)) == 0;  // one thread of each quad
   float out_scale[kRows];
   CUTE_UNROLL
@@ -112,8 +121,11 @@ __device__ __forceinline__ void store_warpgroup_o_rows(const AttnParams& p, cons
   constexpr int kChunksPerRow = decltype(size<1>(sO))::value / kChunk;
   constexpr int kThreads = 128;
   Element* o = static_cast<Element*>(p.o);
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "whole passes of the warpgroup");
+  thread = recomputed_here(thread);
   CUTE_UNROLL
-  for (int e = thread; e < kRows * kChunksPerRow; e += kThreads) {
+  for (int pass = 0; pass < kRows * kChunksPerRow / kThreads; ++pass) {
+    const int e = pass * kThreads + thread;
     const int r = row0 + e / kChunksPerRow, col = (e % kChunksPerRow) * kChunk;
     const int64_t off = o_off[r];
     if (off != kNoRow && col < p.head_dim) {
