@@ -155,9 +155,26 @@ Result check_kv_fault(const KVInputs& good, const KVInputs& bad, const std::stri
   return gpu;
 }
 
+// Why these tests cannot run here: no GPU, or no kernel of kType at kDim in this build (a
+// restricted device build; a one-row call says so as an unsupported error); empty: they run.
+std::string faults_unavailable_reason() {
+  std::string reason = unavailable_reason(Device::cuda);
+  if (!reason.empty()) return reason;
+  const Buffer q = to_device(std::vector<double>(kDim, 0.5), kType, Device::cuda);
+  const Buffer out = poisoned(kType, kDim, Device::cuda);
+  const Tensor t = Tensor::contiguous(q.data(), kType, {1, 1, 1, kDim}, Device::cuda);
+  try {
+    flashattn::forward(t, t, t, Tensor::contiguous(out.data(), kType, {1, 1, 1, kDim}, Device::cuda), {});
+  } catch (const flashattn::Error& e) {
+    if (e.kind() == flashattn::Error::Kind::unsupported) return e.what();
+    throw;
+  }
+  return "";
+}
+
 #define FA_SKIP_WITHOUT_GPU()                                                       \
   do {                                                                              \
-    const std::string reason = unavailable_reason(Device::cuda);                    \
+    const std::string reason = faults_unavailable_reason();                         \
     if (!reason.empty()) GTEST_SKIP() << reason;                                    \
   } while (0)
 
