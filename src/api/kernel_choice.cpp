@@ -173,7 +173,7 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
   c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
   if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
   const bool warpspec_wanted =
-      o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim));  // D-62
+      o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim, p.varlen, p.fp8));  // D-62, D-79
   const bool warpspec_reads_it = !p.fp8 || (p.fp8_qkv && fp8_products_head_dim(d.served_head_dim));
   if (warpspec_wanted && serves_warpspec(p, d, w, c) && warpspec_reads_it) c.kernel = Kernel::warpspec;
   if (c.kernel == Kernel::warpspec) {

@@ -131,7 +131,12 @@ inline bool keys_suit_96_key_tile(int seqlen_k) {
 // sm_90, dense calls TMA can describe: the warp-specialised kernel from d = 128 up (d = 128 and
 // 256, 1k-16k keys: 1.0-1.43x the wgmma kernel's TFLOP/s, level only at d = 128 1k causal); at
 // d = 64 the wgmma kernel's 96-key tile stays (warpspec 0.91-1.02x it) (D-62).
-inline bool warpspec_pays(int served_head_dim) { return served_head_dim >= 128; }
+// Varlen calls in bf16/fp16 stay on the wgmma kernel: warpspec measured 0.70-0.94x it there
+// (random lengths, one CTA per query tile; D-79); varlen e4m3 calls take warpspec's FP8 products
+// (1.7-2.1x the mma kernel that served them before, D-79).
+inline bool warpspec_pays(int served_head_dim, bool varlen, bool fp8) {
+  return served_head_dim >= 128 && (!varlen || fp8);
+}
 
 // The warpspec kernel on a persistent grid, one CTA per SM (its shared memory holds one): a
 // CTA's next query tile loads while it finishes the current one (D-71). Varlen calls get one CTA

@@ -347,11 +347,21 @@ TEST(KernelChoice, WarpspecRunsOnOnePersistentCtaPerSm) {  // D-71
   EXPECT_EQ(choose(dense, tiles).persistent_ctas, 0);  // one CTA per query tile
   tiles.prefill_ctas = 3;
   EXPECT_EQ(choose(dense, tiles).persistent_ctas, 3);
-  Problem varlen = dense;  // D-79: tiles of unequal cost, one CTA each
+  // D-79: varlen bf16 stays on the wgmma kernel; forced onto warpspec (as varlen e4m3 goes),
+  // its tiles of unequal cost get one CTA each
+  Problem varlen = dense;
   varlen.varlen = true;
-  EXPECT_EQ(choose(varlen).kernel, Kernel::warpspec);
-  EXPECT_EQ(choose(varlen).persistent_ctas, 0);
-  EXPECT_EQ(choose(varlen, tiles).persistent_ctas, 3);  // the override still forces a persistent grid
+  EXPECT_EQ(choose(varlen).kernel, Kernel::wgmma);
+  flashattn::KernelOverride forced;
+  forced.kernel = Kernel::warpspec;
+  EXPECT_EQ(choose(varlen, forced).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(varlen, forced).persistent_ctas, 0);
+  forced.prefill_ctas = 3;
+  EXPECT_EQ(choose(varlen, forced).persistent_ctas, 3);  // the override still forces a persistent grid
+  Problem varlen_fp8 = varlen;
+  varlen_fp8.fp8 = varlen_fp8.fp8_qkv = true;
+  EXPECT_EQ(choose(varlen_fp8).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(varlen_fp8).persistent_ctas, 0);
   flashattn::KernelOverride wgmma;
   wgmma.kernel = Kernel::wgmma;
   EXPECT_EQ(choose(dense, wgmma).persistent_ctas, 0);
