@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   };
   Stage k_read, v_read;  // consumers start at phase 0
   int q_loads = 0;
-  // Each consumer warpgroup computes, stages and stores its own 64 rows of a tile.
+  // Each consumer warpgroup computes, stages and stores its own 64 rows of a tile (D-80).
   const int consumer = warpgroup - 1, tid_in_warpgroup = tid % kWarpgroupThreads;
   constexpr int kOwnRows = kBlockM / kConsumerWarpgroups;
   const int own_row0 = consumer * kOwnRows;

@@ -50,7 +50,7 @@ __device__ __forceinline__ void store_o_rows(const AttnParams& p, const SmemTens
 // v, hidden from the compiler's loop-invariant code motion: what is derived from it is computed
 // where it is used, once per query tile. The epilogue's shared-memory addresses depend only on
 // the thread; hoisted out of the warpspec kernel's tile loop, ptxas kept 16 of them at d = 256
-// and spilled them to local memory (D-79).
+// and spilled them to local memory (D-80).
 __device__ __forceinline__ int recomputed_here(int v) {
   asm volatile("mov.b32 %0, %0;" : "+r"(v));
   return v;
@@ -66,7 +66,7 @@ __device__ __forceinline__ int recomputed_here(int v) {
 // is one lane's share of an 8 x 8 block of 16-bit elements. One stmatrix.x4 stores four blocks
 // (rows i = 0, 1 of blocks j, j + 1); lane l gives the address of row l % 8 of block l / 8, 16
 // contiguous bytes (the swizzle moves whole 16-byte chunks). 8 stores per thread at d = 128;
-// 32-bit stores were 32, each with its swizzled address (docs/DECISIONS.md D-9, D-79).
+// 32-bit stores were 32, each with its swizzled address (docs/DECISIONS.md D-9, D-80).
 template <class ThrMma, class AccO, int kRows, class SO>
 __device__ __forceinline__ void stage_wgmma_o(const AttnParams& p, const CtaInfo& c, const ScoreScale& sc,
                                               const ThrMma& thr_o, AccO& acc_o,
