@@ -178,10 +178,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       return make_tensor(make_smem_ptr(smem.v.data() + s * Traits::kKVElems), typename Traits::SmemLayoutVt{});
     }
   };
-  // Q's buffer of the i-th query tile, and the parity of the barriers' phase of its use: every
-  // query tile loads its Q once (also one with no visible key, which stores zeros through the
-  // buffer), so the j-th use of a buffer completes its q_full for the j-th time, and the
-  // consumers release it (q_empty) for the j-th time.
   // The first row of a query tile's first key tile (tiles.hi - 1) whose packed K/V row lies past
   // the sequence's keys and may hold any value (tma_tiles.h keys_end_before_their_rows), else
   // kBlockN: that stage's V rows from there are zeroed before P V reads them.
@@ -189,6 +185,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int past_end = c.seq.seqlen_k - (tiles.hi - 1) * kBlockN;
     return keys_end_before_their_rows(p) && past_end < kBlockN ? past_end : kBlockN;
   };
+  // Q's buffer of the i-th query tile, and the parity of the barriers' phase of its use: every
+  // query tile loads its Q once (also one with no visible key, which stores zeros through the
+  // buffer), so the j-th use of a buffer completes its q_full for the j-th time, and the
+  // consumers release it (q_empty) for the j-th time.
   auto q_buffer = [&](int i) { return i % Traits::kQBuffers; };
   auto q_parity = [&](int i) { return uint32_t(i / Traits::kQBuffers) & 1u; };
   auto q_tile = [&](int i) {

@@ -33,7 +33,7 @@ constexpr int kConsumerRegisters = 240;
 
 // Named barriers of the warp-specialised kernel (ids past CUTLASS's reserved ones).
 enum class WarpSpecBarrier : uint32_t {
-  consumers = 0,  // both consumer warpgroups (the epilogue's staged O)
+  consumers = 0,  // both consumer warpgroups (a V stage's zeroed rows, D-79)
   turn_of_first = 1,
   turn_of_second = 2,
   transposers = 3,  // FP8 products: the V-transposing warps (a V stage's zeroed rows)
