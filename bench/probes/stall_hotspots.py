@@ -11,12 +11,15 @@ summed per instruction kind (the opcode before the first space or dot).
 """
 import argparse
 import csv
+import gzip
 import sys
 from collections import Counter
 
 
 def read_rows(path):
-    with open(path, newline="", errors="replace") as f:
+    """The source page's rows as dicts keyed by column (path: the CSV, or it gzipped)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="", errors="replace") as f:
         lines = f.read().splitlines()
     # skip ncu's preamble lines up to the header (the first line naming the source column)
     start = next((i for i, line in enumerate(lines) if '"Source"' in line or line.startswith("Source")), None)
@@ -53,9 +56,8 @@ def main():
         print(f"{share:5.1f}%  {r[address_col]:>8}  {r['Source'].strip()}")
     kinds = Counter()
     for r in rows:
-        op = r["Source"].strip().split(" ")[0]
-        if op.startswith("@"):  # predicate
-            op = r["Source"].strip().split(" ")[1] if len(r["Source"].split()) > 1 else op
+        words = r["Source"].split() or [""]
+        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]  # past a predicate
         kinds[op.split(".")[0]] += number(r[samples_col])
     print("per opcode:", ", ".join(f"{k} {100.0 * v / total:.1f}%" for k, v in kinds.most_common(15)))
 

@@ -11,25 +11,12 @@ reasons, and with --record appends a bench/results row per phase.
         [--case TEXT] [--record bench/results/hotspots-warpspec-h200.json]
 """
 import argparse
-import csv
-import gzip
 import json
+import os
+import sys
 
-
-def load(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", newline="", errors="replace") as f:
-        rows = list(csv.reader(f))
-    start = next(i for i, r in enumerate(rows) if "Source" in r)
-    header, data = rows[start], rows[start + 1:]
-    return {h: i for i, h in enumerate(header)}, data
-
-
-def number(text):
-    try:
-        return float(text.replace(",", ""))
-    except (ValueError, AttributeError):
-        return 0.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stall_hotspots import number, read_rows  # noqa: E402
 
 
 def main():
@@ -40,9 +27,9 @@ def main():
     ap.add_argument("--case", default="")
     ap.add_argument("--record", help="a bench/results JSON to append the phases to")
     args = ap.parse_args()
-    col, data = load(args.csv)
-    samples = col["Warp Stall Sampling (All Samples)"]
-    reasons = [h for h in col if h.startswith("stall_") and "Not Issued" not in h]
+    data = read_rows(args.csv)
+    samples = "Warp Stall Sampling (All Samples)"
+    reasons = [h for h in data[0] if h.startswith("stall_") and "Not Issued" not in h]
     total = sum(number(r[samples]) for r in data) or 1.0
     bounds = [int(b) for b in args.bounds.split(",")]
     names = args.names.split(",")
@@ -50,7 +37,7 @@ def main():
     out = []
     for name, a, b in zip(names, bounds, bounds[1:]):
         share = 100.0 * sum(number(r[samples]) for r in data[a:b]) / total
-        by_reason = sorted(((100.0 * sum(number(r[col[x]]) for r in data[a:b]) / total, x[6:]) for x in reasons),
+        by_reason = sorted(((100.0 * sum(number(r[x]) for r in data[a:b]) / total, x[6:]) for x in reasons),
                            reverse=True)[:3]
         top = ", ".join(f"{reason} {pct:.1f}" for pct, reason in by_reason)
         print(f"{name:16s} [{a:5d}, {b:5d})  {share:5.1f}%  {top}")
