@@ -174,7 +174,7 @@ std::string faults_unavailable_reason() {
 
 #define FA_SKIP_WITHOUT_GPU()                                                       \
   do {                                                                              \
-    const std::string reason = faults_unavailable_reason();                         \
+    static const std::string reason = faults_unavailable_reason(); /* one probe */ \
     if (!reason.empty()) GTEST_SKIP() << reason;                                    \
   } while (0)
 
