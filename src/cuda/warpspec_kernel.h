@@ -426,19 +426,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // its own products read; FP8 products: O's own buffer), then stores them with 16-byte row
     // stores, with no wait on the other warpgroup; then Q's buffer goes back to the producer
     // (its generic-proxy accesses ordered before the next TMA write)
-    if constexpr (kFp8) {
-      // O's own buffer: this warpgroup's stores of the previous query tile are done with it first
-      Tensor sO = make_tensor(make_smem_ptr(smem.fp8.o.data()), typename Traits::SmemLayoutO{});
-      consumer_warpgroup_sync(consumer);
-      stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
-      consumer_warpgroup_sync(consumer);
-      store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
-    } else {
-      Tensor sO = q_tile(q_loads);
-      stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
-      consumer_warpgroup_sync(consumer);
-      store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
-    }
+    auto o_tile = [&]() {
+      if constexpr (kFp8) {
+        return make_tensor(make_smem_ptr(smem.fp8.o.data()), typename Traits::SmemLayoutO{});
+      } else {
+        return q_tile(q_loads);
+      }
+    };
+    Tensor sO = o_tile();
+    // O's own buffer: this warpgroup's stores of the previous query tile are done with it first
+    if constexpr (kFp8) consumer_warpgroup_sync(consumer);
+    stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
+    consumer_warpgroup_sync(consumer);
+    store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
     cutlass::arch::fence_view_async_shared();
     smem.q_empty[q_buffer(q_loads)].arrive();
     ++q_loads;
