@@ -223,8 +223,11 @@ stage_warpspec_sanitize() {
     "--batch 2 --seqlen-q 33 --seqlen-k 200 --heads 4 --kv-heads 1 --head-dim 128 --window 16,8 --alibi --softcap 20" \
     "--batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
     "--batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --causal" \
-    "--varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" || rc=1
-  sanitize_index_faults "$log" warpspec || rc=1  # varlen's bad index values on the warpspec kernel
+    "--varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
+    "--kvcache --paged --page-size 16 --batch 2 --seqlen-q 200 --seqlen-k 600 --heads 8 --kv-heads 2 --head-dim 128 --causal --append 40" \
+    "--kvcache --paged --page-size 32 --batch 2 --seqlen-q 130 --seqlen-k 300 --heads 4 --kv-heads 2 --head-dim 256 --causal" \
+    "--kvcache --batch 2 --seqlen-q 150 --seqlen-k 500 --heads 4 --kv-heads 2 --head-dim 128 --causal --append 20 --rotary neox" || rc=1
+  sanitize_index_faults "$log" warpspec || rc=1  # varlen's bad index values (paged too) on the warpspec kernel
   return $rc
 }
 
@@ -235,7 +238,8 @@ stage_fp8_warpspec_sanitize() {
   sanitize_warpspec_cases "$log" \
     "--dtype e4m3 --batch 2 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128 --causal" \
     "--dtype e4m3 --batch 3 --seqlen-q 200 --seqlen-k 150 --heads 2 --kv-heads 1 --head-dim 256 --window 16,8 --alibi --softcap 20" \
-    "--dtype e4m3 --varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128"
+    "--dtype e4m3 --varlen --batch 4 --seqlen-q 300 --seqlen-k 333 --heads 4 --kv-heads 2 --head-dim 128" \
+    "--kvcache --kv-dtype e4m3 --dtype e4m3 --paged --page-size 16 --batch 2 --seqlen-q 200 --seqlen-k 600 --heads 8 --kv-heads 2 --head-dim 128 --causal"
 }
 
 # The CLI cases the sanitizer stages run (--check against the CPU reference).

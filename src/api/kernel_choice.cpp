@@ -232,7 +232,8 @@ int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_
 
 bool tma_describable(const AttnParams& a) {
   constexpr int64_t kAlign = 16, kMaxStrideBytes = int64_t(1) << 40, kMaxExtent = int64_t(1) << 31;
-  if (a.block_table != nullptr || a.kv_cache) return false;  // pages and caches: rows gathered one by one
+  // Pages of whole slabs (params.h kTmaPageSlabRows); a left pad would shift keys off the slabs.
+  if (a.block_table != nullptr && (a.page_size % kTmaPageSlabRows != 0 || a.leftpad_k != nullptr)) return false;
   auto extent_ok = [&](int64_t n) { return n >= 1 && n < kMaxExtent; };
   // strides in elements of the tensor's storage type (e4m3: one byte)
   auto tensor_ok = [&](const void* base, DType storage, const TmaRows& rows, int64_t row, int64_t head) {

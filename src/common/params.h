@@ -116,8 +116,14 @@ struct AttnParams {
 
 // The rows and batch entries one tensor's TMA descriptor spans (cuda/components/tma_tiles.h;
 // api/kernel_choice.cpp tma_describable checks them against the hardware's rules): the
-// sequence's rows per batch entry, or, with rows packed by cu_seqlens (varlen), all the
-// tensor's rows as one entry, each sequence's tiles starting at its row offset (rules.h SeqInfo).
+// sequence's rows per batch entry (a contiguous cache: per cache row), or, with rows packed by
+// cu_seqlens (varlen), all the tensor's rows as one entry, each sequence's tiles starting at its
+// row offset (rules.h SeqInfo); paged K/V: a page's rows per entry, one entry per page of the
+// cache (the kernel loads a tile page slab by page slab, tma_tiles.h kPageSlabRows).
+// Paged K/V: a key tile loads as slabs of this many rows, each from one page (a page holds whole
+// slabs: page_size a multiple of it, no leftpad; api/kernel_choice.cpp tma_describable).
+constexpr int kTmaPageSlabRows = 16;
+
 struct TmaRows {
   int64_t rows, batches;
   int64_t batch_stride;  // elements; with one entry, any valid stride (it is never stepped)
@@ -129,8 +135,9 @@ inline TmaRows tma_q_rows(const AttnParams& a) {
 }
 // K or V (their own batch and row strides; the same rows).
 inline TmaRows tma_kv_rows(const AttnParams& a, int64_t batch_stride, int64_t row_stride) {
+  if (a.block_table != nullptr) return TmaRows{a.page_size, a.num_pages, batch_stride, false};
   if (a.cu_seqlens_k != nullptr) return TmaRows{a.total_k, 1, row_stride, true};
-  return TmaRows{a.seqlen_k, a.batch, batch_stride, false};
+  return TmaRows{a.seqlen_k, a.kv_cache ? a.cache_batches : a.batch, batch_stride, false};
 }
 
 // Appending new keys/values into a KV cache, with optional rotary embedding of q and k.

@@ -17,10 +17,10 @@
 //     of tile n runs while P V of tile n+1 is still on the tensor cores;
 //   - between the warpgroups, the turns of TensorCoreTurns: one issues its two products while
 //     the other runs its softmax (ping-pong).
-// Dense and varlen calls with contiguous K/V and TMA-describable strides (the kernel choice
-// checks both; tma_tiles.h: a varlen sequence's tiles start at its packed row offset, and a
-// partial last key tile has its V rows past the keys zeroed); paged K/V, caches and packed GQA
-// run on wgmma_kernel.h.
+// Dense, varlen and KV-cache calls with TMA-describable strides (the kernel choice checks them;
+// tma_tiles.h: a varlen sequence's tiles start at its packed row offset, paged K/V loads a tile
+// as slabs of 16 rows, each from its page, and a partial last key tile has its V rows past the
+// keys zeroed); packed GQA runs on wgmma_kernel.h.
 // FP8 products (WarpSpecFp8Traits, D-75): Q, K and V stay e4m3 and both products run as e4m3
 // wgmma. Warp 0 of the producer warpgroup loads; warps 1-3 transpose each V stage into a Vt
 // stage (components/fp8_operands.h), which the consumers read through a second pipeline
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   typename VtPipeline::Params vt_stages;
   if constexpr (kFp8) {
     v_stages.num_consumers = kVTransposeThreads;
-    v_stages.role = threadIdx.x == 0 ? Pipeline::ThreadCategory::Producer
+    v_stages.role = threadIdx.x < 32 ? Pipeline::ThreadCategory::Producer  // (warp 0; its lane 0 leads)
                     : transposer     ? Pipeline::ThreadCategory::Consumer
                                      : Pipeline::ThreadCategory::NonParticipant;
     vt_stages.role = transposer ? VtPipeline::ThreadCategory::Producer
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return make_tensor(make_smem_ptr(smem.q.data() + q_buffer(i) * Traits::kQElems), typename Traits::SmemLayoutQ{});
   };
   if (warpgroup == kProducerWarpgroup) {
-    // ---- producer: one thread issues every load (with FP8 products, warps 1-3 transpose V)
+    // ---- producer: warp 0 issues the loads (with FP8 products, warps 1-3 transpose V)
     cutlass::arch::warpgroup_reg_dealloc<kFp8 ? kTransposingProducerRegisters : kProducerRegisters>();
     if constexpr (kFp8) {
       if (transposer) {
@@ -228,7 +228,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return;
       }
     }
-    if (threadIdx.x != 0) return;
+    // warp 0: lane 0 issues the loads of Q and of contiguous K/V; with paged K/V, lane i loads
+    // slab i of each key tile (tma_load_page_slab)
+    if (threadIdx.x >= 32) return;
+    const int lane = int(threadIdx.x);
+    const bool leader = lane == 0;
+    const bool paged = p.block_table != nullptr;
     Stage k_write = cutlass::make_producer_start_state<Pipeline>();
     Stage v_write = k_write;
     int q_loads = 0;
@@ -243,21 +248,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       auto load_q = [&]() {  // once the buffer's previous query tile is stored
         const int b = q_buffer(q_loads);
         if (q_loads >= Traits::kQBuffers) smem.q_empty[b].wait(q_parity(q_loads - Traits::kQBuffers));
-        smem.q_full[b].arrive_and_expect_tx(Traits::kTileBytesQ);
-        tma_load_tile(tma.q, reinterpret_cast<uint64_t&>(smem.q_full[b]), gQ, c.m0 / kBlockM, q_tile(q_loads));
+        if (leader) {
+          smem.q_full[b].arrive_and_expect_tx(Traits::kTileBytesQ);
+          tma_load_tile(tma.q, reinterpret_cast<uint64_t&>(smem.q_full[b]), gQ, c.m0 / kBlockM, q_tile(q_loads));
+        }
         ++q_loads;
+      };
+      // Key tile n of K or V into a stage (the stage's barrier expects the tile's bytes: the
+      // pipeline's leader, lane 0, arrived on it in producer_acquire).
+      auto load_kv = [&](const auto& tile_tma, const auto& slab_tma, const auto& gRows, uint64_t& barrier, int n,
+                         int slab_page, Element* stage) {
+        if (paged) {
+          if (lane < kPageSlabsPerTile<Traits>) {
+            tma_load_page_slab<Traits>(slab_tma, tma.kv_rows, barrier, p, c.hk, n, lane, slab_page, stage);
+          }
+        } else if (leader) {
+          tma_load_tile(tile_tma, barrier, gRows, n, make_tensor(make_smem_ptr(stage), typename Traits::SmemLayoutKV{}));
+        }
       };
       // With two Q buffers Q goes first (its buffer was freed a query tile ago); with one, after
       // the tile's first K, which does not wait for the previous tile's O stores.
       constexpr bool kQFirst = Traits::kQBuffers > 1;
       if (kQFirst || tiles.hi <= tiles.lo) load_q();
       for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+        const int slab_page = paged ? page_of_slab<Traits>(p, c, n, lane) : 0;  // read before the stage frees
         k_pipe.producer_acquire(k_write);
-        tma_load_tile(tma.k, *k_pipe.producer_get_barrier(k_write), gK, n, k_stage(k_write.index()));
+        load_kv(tma.k, tma.k_slabs, gK, *k_pipe.producer_get_barrier(k_write), n, slab_page,
+                smem.k.data() + k_write.index() * Traits::kKVElems);
         ++k_write;
         if (!kQFirst && n == tiles.hi - 1) load_q();
         v_pipe.producer_acquire(v_write);
-        tma_load_tile(tma.v, *v_pipe.producer_get_barrier(v_write), gV, n, v_stage(v_write.index()));
+        load_kv(tma.v, tma.v_slabs, gV, *v_pipe.producer_get_barrier(v_write), n, slab_page,
+                smem.v.data() + v_write.index() * Traits::kKVElems);
         ++v_write;
       }
     }

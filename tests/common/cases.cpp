@@ -745,4 +745,57 @@ std::vector<KVCase> kvcache_paging_cases(Device device) {
   return v;
 }
 
+// Chunked prefill: a chunk of queries (more than a decode tile, so prefill kernels serve it)
+// over a contiguous or paged cache; the warpspec kernel's TMA loads of caches and pages (D-81).
+std::vector<KVCase> kvcache_chunked_cases(Device device) {
+  std::vector<KVCase> v;
+  auto add = [&](KVCase c) {
+    c.seed = 300 + uint64_t(v.size());
+    v.push_back(c);
+  };
+  auto chunk = [&](DType dt, int b, int sq, int h, int hk, int d, int capacity, int s_new, Features f) {
+    KVCase c = decode(device, dt, b, h, hk, d, capacity, s_new);
+    c.sq = sq;
+    c.f = f;
+    return c;
+  };
+  {
+    KVCase c = chunk(DType::bf16, 2, 100, 4, 2, 128, 339, 0, causal());  // pages of 16, shuffled
+    c.page_size = 16;
+    add(c);
+    c.fp8_cache = Fp8::per_head;  // e4m3 q, k and v: warpspec's FP8 products
+    c.fp8_q = true;
+    add(c);
+  }
+  {
+    KVCase c = chunk(DType::f16, 2, 130, 2, 2, 128, 339, 30, causal());  // appended chunk, contiguous
+    c.batch_idx = true;
+    add(c);
+  }
+  {
+    KVCase c = chunk(DType::bf16, 1, 80, 4, 1, 256, 339, 0, window(40, 0));
+    c.page_size = 32;
+    add(c);
+  }
+  {
+    KVCase c = chunk(DType::bf16, 2, 70, 2, 2, 128, 512, 0, with_alibi(Features{}, Alibi::per_head));
+    c.with_seqlens = false;  // every row full
+    c.page_size = 256;
+    c.shuffled_pages = false;
+    add(c);
+  }
+  {
+    KVCase c = chunk(DType::bf16, 2, 96, 4, 2, 128, 339, 0, causal());
+    c.page_size = 16;
+    c.leftpad = true;  // keys off the 16-row slabs: the gathering kernels
+    add(c);
+  }
+  {
+    KVCase c = chunk(DType::bf16, 2, 100, 2, 1, 64, 339, 0, with_softcap(causal(), 30.0f));
+    c.page_size = 48;
+    add(c);
+  }
+  return v;
+}
+
 }  // namespace fa_test

@@ -110,6 +110,7 @@ std::vector<VarlenCase> varlen_cases(Device device);
 std::vector<KVCase> kvcache_cases(Device device);
 std::vector<KVCase> kvcache_split_cases(Device device);
 std::vector<KVCase> kvcache_paging_cases(Device device);
+std::vector<KVCase> kvcache_chunked_cases(Device device);  // instantiated as <Prefix>Chunked
 
 // The cases with every call forced onto `kernel` where it serves them (a call it does not serve
 // takes the automatic choice, api/kernel_choice.h).
@@ -126,8 +127,12 @@ inline flashattn::KernelOverride forced(flashattn::Kernel kernel) {
 
 }  // namespace fa_test
 
-// The prefill sweeps (dense, varlen) with every call forced onto one kernel.
+// The prefill sweeps (dense, varlen, chunked prefill over a cache) with every call forced onto one kernel.
 #define FA_INSTANTIATE_PREFILL_SWEEPS_ON(Prefix, device, kernel)                                         \
+  INSTANTIATE_TEST_SUITE_P(Prefix##Chunked, KVCacheSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::kvcache_chunked_cases(device), kernel)), \
+                           ::fa_test::CaseName());                                                       \
+  INSTANTIATE_TEST_SUITE_P(Prefix##Chunked, KVCachePaging, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::kvcache_chunked_cases(device), kernel)), \
+                           ::fa_test::CaseName());                                                       \
   INSTANTIATE_TEST_SUITE_P(Prefix, DenseSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::dense_cases(device), kernel)), \
                            ::fa_test::CaseName());                                                       \
   INSTANTIATE_TEST_SUITE_P(Prefix, VarlenSweep, ::testing::ValuesIn(::fa_test::on_kernel(::fa_test::varlen_cases(device), kernel)), \
@@ -159,4 +164,10 @@ inline flashattn::KernelOverride forced(flashattn::Kernel kernel) {
                            ::fa_test::CaseName());                                              \
   INSTANTIATE_TEST_SUITE_P(Prefix, KVCachePaging,                                               \
                            ::testing::ValuesIn(::fa_test::kvcache_paging_cases(device)),        \
+                           ::fa_test::CaseName());                                              \
+  INSTANTIATE_TEST_SUITE_P(Prefix##Chunked, KVCacheSweep,                                       \
+                           ::testing::ValuesIn(::fa_test::kvcache_chunked_cases(device)),       \
+                           ::fa_test::CaseName());                                              \
+  INSTANTIATE_TEST_SUITE_P(Prefix##Chunked, KVCachePaging,                                      \
+                           ::testing::ValuesIn(::fa_test::kvcache_chunked_cases(device)),       \
                            ::fa_test::CaseName())

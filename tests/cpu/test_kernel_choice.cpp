@@ -405,12 +405,34 @@ TEST(KernelChoice, TmaDescribableFollowsTheHardwareRules) {
   b = packed;
   b.total_k = 0;  // no key rows
   EXPECT_FALSE(flashattn::tma_describable(b));
-  b = packed;
-  b.block_table = cu;  // pages: rows gathered one by one
-  EXPECT_FALSE(flashattn::tma_describable(b));
+  // a contiguous cache: one entry per cache row (cache_batch_idx picks among them)
   b = a;
-  b.kv_cache = true;  // a cache (appends, rotary, cache_batch_idx)
+  b.kv_cache = true, b.cache_batches = 5;
+  EXPECT_TRUE(flashattn::tma_describable(b));
+  EXPECT_EQ(flashattn::tma_kv_rows(b, b.k_batch_stride, b.k_row_stride).batches, 5);
+  EXPECT_EQ(flashattn::tma_kv_rows(b, b.k_batch_stride, b.k_row_stride).rows, 300);
+  // pages: one entry per page, a page's rows each; pages of whole 16-row slabs, no left pad
+  flashattn::AttnParams paged = a;
+  paged.block_table = cu;
+  paged.page_size = 32, paged.num_pages = 40;
+  paged.k_batch_stride = paged.v_batch_stride = 32 * 2 * 128;  // page stride
+  EXPECT_TRUE(flashattn::tma_describable(paged));
+  const flashattn::TmaRows page_rows = flashattn::tma_kv_rows(paged, paged.k_batch_stride, paged.k_row_stride);
+  EXPECT_EQ(page_rows.rows, 32);
+  EXPECT_EQ(page_rows.batches, 40);
+  EXPECT_EQ(page_rows.batch_stride, 32 * 2 * 128);
+  EXPECT_FALSE(page_rows.packed);
+  b = paged;
+  b.page_size = 8;  // below a slab
   EXPECT_FALSE(flashattn::tma_describable(b));
+  b.page_size = 24;  // not whole slabs
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = paged;
+  b.leftpad_k = cu;  // keys shifted off the slabs
+  EXPECT_FALSE(flashattn::tma_describable(b));
+  b = paged;
+  b.cu_seqlens_k = cu, b.total_k = 0;  // varlen over pages: the pages, not the packed rows
+  EXPECT_TRUE(flashattn::tma_describable(b));
 }
 
 TEST(KernelChoice, PrefillRunsWgmmaOnSm90WithOneSplitElseMma) {  // D-1

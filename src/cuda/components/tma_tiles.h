@@ -21,6 +21,8 @@
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 
 #include "common/params.h"
+#include "cuda/components/cta_geometry.h"
+#include "cuda/components/index_checks.h"
 
 namespace flashattn {
 namespace cuda {
@@ -49,11 +51,21 @@ inline TmaRowsExtent tma_rows_extent(const TmaRows& r) {
   return TmaRowsExtent{int32_t(r.rows), int32_t(r.batches), r.packed};
 }
 
-// The descriptors of one call: Q tiles of kBlockM rows, K and V tiles of kBlockN rows.
+// Paged K/V: the first kTmaPageSlabRows rows of a K/V tile (params.h), in the tile's own layout
+// (each 128-byte column block of a tile is a run of rows, so a slab is one box per column
+// block); slab i of a tile is this layout at row kTmaPageSlabRows * i.
+template <class Traits>
+using SmemLayoutKVSlab = decltype(composition(
+    typename Traits::SmemLayoutKV{},
+    Layout<Shape<Int<kTmaPageSlabRows>, Int<Traits::kHeadDim>>, Stride<_1, Int<Traits::kBlockN>>>{}));
+
+// The descriptors of one call: Q tiles of kBlockM rows, K and V tiles of kBlockN rows; with
+// paged K/V, K and V slabs instead (the tile descriptors are then unused and left unset).
 template <class Traits>
 struct TmaQkv {
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutQ> q;
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutKV> k, v;
+  TmaTileLoad<typename Traits::Element, SmemLayoutKVSlab<Traits>> k_slabs, v_slabs;
   TmaRowsExtent q_rows, kv_rows;
 };
 
@@ -77,11 +89,18 @@ TmaQkv<Traits> make_tma_qkv(const AttnParams& p) {
   const TmaRows q_rows = tma_q_rows(p);
   const TmaRows k_rows = tma_kv_rows(p, p.k_batch_stride, p.k_row_stride);
   const TmaRows v_rows = tma_kv_rows(p, p.v_batch_stride, p.v_row_stride);
-  return TmaQkv<Traits>{
-      tile_load(p.q, q_rows, p.num_heads, p.q_row_stride, p.q_head_stride, typename Traits::SmemLayoutQ{}),
-      tile_load(p.k, k_rows, p.num_heads_k, p.k_row_stride, p.k_head_stride, typename Traits::SmemLayoutKV{}),
-      tile_load(p.v, v_rows, p.num_heads_k, p.v_row_stride, p.v_head_stride, typename Traits::SmemLayoutKV{}),
-      tma_rows_extent(q_rows), tma_rows_extent(k_rows)};
+  TmaQkv<Traits> tma{};
+  tma.q = tile_load(p.q, q_rows, p.num_heads, p.q_row_stride, p.q_head_stride, typename Traits::SmemLayoutQ{});
+  if (p.block_table != nullptr) {
+    tma.k_slabs = tile_load(p.k, k_rows, p.num_heads_k, p.k_row_stride, p.k_head_stride, SmemLayoutKVSlab<Traits>{});
+    tma.v_slabs = tile_load(p.v, v_rows, p.num_heads_k, p.v_row_stride, p.v_head_stride, SmemLayoutKVSlab<Traits>{});
+  } else {
+    tma.k = tile_load(p.k, k_rows, p.num_heads_k, p.k_row_stride, p.k_head_stride, typename Traits::SmemLayoutKV{});
+    tma.v = tile_load(p.v, v_rows, p.num_heads_k, p.v_row_stride, p.v_head_stride, typename Traits::SmemLayoutKV{});
+  }
+  tma.q_rows = tma_rows_extent(q_rows);
+  tma.kv_rows = tma_rows_extent(k_rows);
+  return tma;
 }
 
 // The TMA coordinate tensor of one (batch entry, head) of a descriptor spanning `extent`, its
@@ -93,12 +112,13 @@ __device__ __forceinline__ auto tma_rows(const Tma& tma, const TmaRowsExtent& ex
   return domain_offset(make_coord(first_row, _0{}), m(_, _, head, extent.packed ? 0 : b));
 }
 
-// Packed rows past a sequence's last key (varlen: the next sequence's keys, or with seqused_k
-// rows it does not use) can hold any value, NaN too; their scores are masked, but a V row enters
-// P V as 0 x value, so a partial last key tile has its V rows zeroed (zero_tile_rows) first.
-// Dense sequences end at their descriptor's extent, past which TMA writes zeros.
+// Packed rows past a sequence's last key (varlen: the next sequence's keys; with seqused_k or a
+// cache, rows it does not use; paged, the rest of its last page) can hold any value, NaN too;
+// their scores are masked, but a V row enters P V as 0 x value, so a partial last key tile has
+// its V rows zeroed (zero_tile_rows) first. Dense sequences end at their descriptor's extent,
+// past which TMA writes zeros.
 __device__ __forceinline__ bool keys_end_before_their_rows(const AttnParams& p) {
-  return p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+  return p.cu_seqlens_k != nullptr || p.seqused_k != nullptr || p.block_table != nullptr;
 }
 
 // The shared-memory tile layouts keep each 16-byte unit of a row contiguous (a few points of
@@ -128,6 +148,42 @@ __device__ __forceinline__ void zero_tile_rows(STile&& s, int first_row, int thr
     const int r = u / kUnits, c = (u - r * kUnits) * kUnit;
     *reinterpret_cast<uint4*>(&s(r, c)) = make_uint4(0u, 0u, 0u, 0u);
   }
+}
+
+// Paged K/V: a key tile loads as kBlockN / kTmaPageSlabRows slabs, slab i by lane i of the
+// producer warp, each from the page that block_table names for its keys (rules.h kv_page). All
+// of a tile's slabs complete on the stage's barrier, whose transaction bytes are the whole
+// tile's.
+template <class Traits>
+constexpr int kPageSlabsPerTile = Traits::kBlockN / kTmaPageSlabRows;
+
+// The page of slab `slab` of key tile n of sequence c, as its entry reads; num_pages (past the
+// descriptor's extent: TMA writes zeros, and their bytes still count) for a slab past the
+// sequence's keys, and for an entry that names no page of the cache (the fault recorded:
+// index_checks.h checked_page).
+template <class Traits>
+__device__ __forceinline__ int page_of_slab(const AttnParams& p, const CtaInfo& c, int n, int slab) {
+  const int key = n * Traits::kBlockN + slab * kTmaPageSlabRows;
+  if (slab >= kPageSlabsPerTile<Traits> || key >= c.seq.seqlen_k) return p.num_pages;
+  const int page = kv_page(p, c.seq, c.b, key);
+  return checked_page(p, c.b, page) ? page : p.num_pages;
+}
+
+// Loads slab `slab` of key tile n (of KV head hk) from `page` into its rows of `stage`, completing
+// on barrier.
+template <class Traits, class Tma, class Element>
+__device__ __forceinline__ void tma_load_page_slab(const Tma& tma, const TmaRowsExtent& extent, uint64_t& barrier,
+                                                   const AttnParams& p, int hk, int n, int slab, int page,
+                                                   Element* stage) {
+  const int row_in_page = (n * Traits::kBlockN + slab * kTmaPageSlabRows) % p.page_size;  // no left pad
+  Tensor m = tma.get_tma_tensor(make_shape(extent.rows, int32_t(p.head_dim), int32_t(p.num_heads_k), extent.batches));
+  Tensor g = local_tile(m(_, _, hk, page), make_shape(Int<kTmaPageSlabRows>{}, Int<Traits::kHeadDim>{}),
+                        make_coord(row_in_page / kTmaPageSlabRows, _0{}));
+  // slab `slab` of the stage: its first row's offset, whole 1 KB swizzle periods on
+  const int offset = typename Traits::SmemLayoutKV{}.layout_b()(slab * kTmaPageSlabRows, 0);
+  Tensor s = make_tensor(make_smem_ptr(stage + offset), SmemLayoutKVSlab<Traits>{});
+  auto cta = tma.get_slice(_0{});
+  copy(tma.with(barrier), cta.partition_S(g), cta.partition_D(s));
 }
 
 // Loads tile `tile` (of the tile shape of sTile) of the (rows, d) coordinate tensor gRows into
