@@ -294,17 +294,45 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   check_call(p, options);
 }
 
+namespace {
+
+// The params of a KV-cache call's attention over q and the caches (forward_kvcache's step 2).
+AttnParams make_kvcache_params(const Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& out, const KVCacheArgs& args, const AttentionOptions& options) {
+  AttnParams a = make_params(p, q, k_cache, v_cache, out, options);
+  a.seqused_k = ints(args.cache_seqlens);
+  a.seqused_k_added = p.seqlen_new;
+  a.leftpad_k = ints(args.cache_leftpad);
+  a.cache_batch_idx = ints(args.cache_batch_idx);
+  a.cache_batches = int(k_cache.shape[0]);
+  a.kv_cache = true;
+  set_paging(a, args.block_table, p.page_size, k_cache);
+  return a;
+}
+
+// A KV-cache call's kernel problem, with whether TMA can describe q and the caches as the caller
+// gave them (the warpspec kernel's loads; out's strides do not matter, q stands in for it).
+Problem kvcache_kernel_problem(const Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const KVCacheArgs& args, const AttentionOptions& options) {
+  Problem kp = kernel_problem(p);
+  kp.tma_describable =
+      kp.device == Device::cuda && tma_describable(make_kvcache_params(p, q, k_cache, v_cache, q, args, options));
+  return kp;
+}
+
+}  // namespace
+
 Plan plan_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                   const KVCacheArgs& args, const AttentionOptions& options) {
   const Problem p = validate_kvcache_plan(q, k_cache, v_cache, args, options);
-  return make_plan(kernel_problem(p), options, args.num_splits).summary();
+  return make_plan(kvcache_kernel_problem(p, q, k_cache, v_cache, args, options), options, args.num_splits).summary();
 }
 
 void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const KVCacheArgs& args,
                      const AttentionOptions& options) {
   const Problem p = validate_kvcache(q, k_cache, v_cache, out, args, options);
-  const Problem kp = kernel_problem(p);
+  Problem kp = kvcache_kernel_problem(p, q, k_cache, v_cache, args, options);
   const CallPlan plan = make_plan(kp, options, args.num_splits);
   validate_workspace(q, k_cache, v_cache, out, args, options, plan.workspace_bytes);
   if (p.batch == 0) return;
@@ -332,16 +360,18 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   // 2. attend over the cache, through staged copies of what the kernels cannot read in place
   // (all of q, the caches and out when the head dim is not a multiple of 8 on cuda)
   Staging staged(p, options.stream);
-  AttnParams a = make_params(p, staged.input(q_used), staged.input(k_cache), staged.input(v_cache),
-                             staged.output(out), options);
-  a.seqused_k = ints(args.cache_seqlens);
-  a.seqused_k_added = p.seqlen_new;
-  a.leftpad_k = ints(args.cache_leftpad);
-  a.cache_batch_idx = ints(args.cache_batch_idx);
-  a.cache_batches = int(k_cache.shape[0]);
-  a.kv_cache = true;
-  set_paging(a, args.block_table, p.page_size, k_cache);
-  run_attention(kp, a, plan.choice, scratch, options.stream);
+  AttnParams a = make_kvcache_params(p, staged.input(q_used), staged.input(k_cache), staged.input(v_cache),
+                                     staged.output(out), args, options);
+  // The tensors the kernels read (a rotated q, staged copies) decide whether TMA describes them;
+  // where that differs from the caller's tensors, the kernel is chosen again (the split count,
+  // and so the workspace, are the same: only unsplit calls take the warpspec kernel).
+  KernelChoice choice = plan.choice;
+  const bool describable = kp.device == Device::cuda && tma_describable(a);
+  if (describable != kp.tma_describable) {
+    kp.tma_describable = describable;
+    choice = make_plan(kp, options, args.num_splits).choice;
+  }
+  run_attention(kp, a, choice, scratch, options.stream);
   staged.finish();
   check_call(p, options);
 }
