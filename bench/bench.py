@@ -339,10 +339,13 @@ def bench_chunked(args):
         seqlens = torch.tensor([total], device="cuda", dtype=torch.int32)
         call = lambda kc, vc, bt=None: flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
                                                                          block_table=bt, causal=True)
+        kernel = lambda kc, vc, bt=None: flashattn.plan_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=bt,
+                                                                causal=True).kernel
         tflops = lambda ms: chunk_flops(chunk, cached) / (ms * 1e-3) / 1e12
         contiguous = call(k, v)
         ms = median_ms(lambda: call(k, v))
-        row = dict(kind="chunked", chunk=chunk, cached=cached, contiguous_TFLOPs=tflops(ms))
+        row = dict(kind="chunked", chunk=chunk, cached=cached, contiguous_TFLOPs=tflops(ms),
+                   contiguous_kernel=kernel(k, v))
         for page in args.chunk_pages:
             rows_padded = -(-total // page) * page  # whole pages
             pad = torch.zeros(1, rows_padded - total, CHUNK_KV_HEADS, CHUNK_HEAD_DIM, device="cuda",
@@ -350,6 +353,7 @@ def bench_chunked(args):
             kc, vc, bt = paged_kv(torch.cat([k, pad], 1), torch.cat([v, pad], 1), page)
             paged_ms = median_ms(lambda: call(kc, vc, bt))
             row[f"page{page}_TFLOPs"] = tflops(paged_ms)
+            row[f"page{page}_kernel"] = kernel(kc, vc, bt)
             row[f"page{page}_vs_contiguous"] = ms / paged_ms
             row[f"page{page}_same_output"] = bool(torch.equal(call(kc, vc, bt), contiguous))
             del kc, vc, bt

@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return;
       }
     }
-    // warp 0: lane 0 issues the loads of Q and of contiguous K/V; with paged K/V, lane i loads
-    // slab i of each key tile (tma_load_page_slab)
+    // warp 0: lane 0 issues the loads of Q and of whole K/V tiles; with paged K/V in slabs, lane
+    // i loads slab i of each key tile (tma_load_page_slab)
     if (threadIdx.x >= 32) return;
     const int lane = int(threadIdx.x);
     const bool leader = lane == 0;
@@ -255,30 +255,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ++q_loads;
       };
       // Key tile n of K or V into a stage (the stage's barrier expects the tile's bytes: the
-      // pipeline's leader, lane 0, arrived on it in producer_acquire).
+      // pipeline's leader, lane 0, arrived on it in producer_acquire); paged, each lane's slab
+      // from `page` (tma_tiles.h: a whole tile from lane 0's where pages hold whole tiles).
       auto load_kv = [&](const auto& tile_tma, const auto& slab_tma, const auto& gRows, uint64_t& barrier, int n,
-                         int slab_page, Element* stage) {
-        if (paged) {
-          if (lane < kPageSlabsPerTile<Traits>) {
-            tma_load_page_slab<Traits>(slab_tma, tma.kv_rows, barrier, p, c.hk, n, lane, slab_page, stage);
-          }
-        } else if (leader) {
-          tma_load_tile(tile_tma, barrier, gRows, n, make_tensor(make_smem_ptr(stage), typename Traits::SmemLayoutKV{}));
+                         int page, Element* stage) {
+        auto whole_tile = [&](const auto& rows, int tile) {
+          tma_load_tile(tile_tma, barrier, rows, tile, make_tensor(make_smem_ptr(stage), typename Traits::SmemLayoutKV{}));
+        };
+        if (!paged) {
+          if (leader) whole_tile(gRows, n);
+        } else if (pages_hold_whole_tiles<Traits>(p)) {
+          if (leader) whole_tile(tma_rows(tile_tma, tma.kv_rows, p, p.num_heads_k, c.hk, page, 0), n * kBlockN % p.page_size / kBlockN);
+        } else if (lane < kPageSlabsPerTile<Traits>) {
+          tma_load_page_slab<Traits>(slab_tma, tma.kv_rows, barrier, p, c.hk, n, lane, page, stage);
         }
       };
       // With two Q buffers Q goes first (its buffer was freed a query tile ago); with one, after
       // the tile's first K, which does not wait for the previous tile's O stores.
       constexpr bool kQFirst = Traits::kQBuffers > 1;
       if (kQFirst || tiles.hi <= tiles.lo) load_q();
+      // paged: this lane's block_table entry of the next tile to load, read a tile ahead
+      int entry = paged ? slab_table_entry<Traits>(p, c, tiles.hi - 1, lane) : 0;
       for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
-        const int slab_page = paged ? page_of_slab<Traits>(p, c, n, lane) : 0;  // read before the stage frees
+        const int page = paged ? checked_slab_page(p, c, entry) : 0;
+        if (paged && n > tiles.lo) entry = slab_table_entry<Traits>(p, c, n - 1, lane);
         k_pipe.producer_acquire(k_write);
-        load_kv(tma.k, tma.k_slabs, gK, *k_pipe.producer_get_barrier(k_write), n, slab_page,
+        load_kv(tma.k, tma.k_slabs, gK, *k_pipe.producer_get_barrier(k_write), n, page,
                 smem.k.data() + k_write.index() * Traits::kKVElems);
         ++k_write;
         if (!kQFirst && n == tiles.hi - 1) load_q();
         v_pipe.producer_acquire(v_write);
-        load_kv(tma.v, tma.v_slabs, gV, *v_pipe.producer_get_barrier(v_write), n, slab_page,
+        load_kv(tma.v, tma.v_slabs, gV, *v_pipe.producer_get_barrier(v_write), n, page,
                 smem.v.data() + v_write.index() * Traits::kKVElems);
         ++v_write;
       }

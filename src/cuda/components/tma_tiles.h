@@ -59,8 +59,9 @@ using SmemLayoutKVSlab = decltype(composition(
     typename Traits::SmemLayoutKV{},
     Layout<Shape<Int<kTmaPageSlabRows>, Int<Traits::kHeadDim>>, Stride<_1, Int<Traits::kBlockN>>>{}));
 
-// The descriptors of one call: Q tiles of kBlockM rows, K and V tiles of kBlockN rows; with
-// paged K/V, K and V slabs instead (the tile descriptors are then unused and left unset).
+// The descriptors of one call: Q tiles of kBlockM rows, K and V tiles of kBlockN rows (of a
+// page's rows, with paged K/V), or with pages that do not hold whole tiles K and V slabs instead
+// (the unused pair is left unset).
 template <class Traits>
 struct TmaQkv {
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutQ> q;
@@ -75,7 +76,14 @@ inline TmaGmemLayout tma_gmem_layout(int rows, int head_dim, int heads, int batc
                      make_stride(row_stride, _1{}, head_stride, batch_stride));
 }
 
-// Built on the host for a dense or varlen call; the caller has checked tma_describable.
+// Paged K/V: whether a page holds whole key tiles, each then loaded as a contiguous tile is (the
+// tile descriptors spanning a page's rows), else in slabs (tma_load_page_slab).
+template <class Traits>
+__host__ __device__ __forceinline__ bool pages_hold_whole_tiles(const AttnParams& p) {
+  return p.page_size % Traits::kBlockN == 0;
+}
+
+// Built on the host for a dense, varlen or KV-cache call; the caller has checked tma_describable.
 template <class Traits>
 TmaQkv<Traits> make_tma_qkv(const AttnParams& p) {
   using Element = typename Traits::Element;
@@ -91,7 +99,7 @@ TmaQkv<Traits> make_tma_qkv(const AttnParams& p) {
   const TmaRows v_rows = tma_kv_rows(p, p.v_batch_stride, p.v_row_stride);
   TmaQkv<Traits> tma{};
   tma.q = tile_load(p.q, q_rows, p.num_heads, p.q_row_stride, p.q_head_stride, typename Traits::SmemLayoutQ{});
-  if (p.block_table != nullptr) {
+  if (p.block_table != nullptr && !pages_hold_whole_tiles<Traits>(p)) {
     tma.k_slabs = tile_load(p.k, k_rows, p.num_heads_k, p.k_row_stride, p.k_head_stride, SmemLayoutKVSlab<Traits>{});
     tma.v_slabs = tile_load(p.v, v_rows, p.num_heads_k, p.v_row_stride, p.v_head_stride, SmemLayoutKVSlab<Traits>{});
   } else {
@@ -150,23 +158,29 @@ __device__ __forceinline__ void zero_tile_rows(STile&& s, int first_row, int thr
   }
 }
 
-// Paged K/V: a key tile loads as kBlockN / kTmaPageSlabRows slabs, slab i by lane i of the
-// producer warp, each from the page that block_table names for its keys (rules.h kv_page). All
-// of a tile's slabs complete on the stage's barrier, whose transaction bytes are the whole
-// tile's.
+// Paged K/V: where a page holds whole key tiles (pages_hold_whole_tiles), a tile loads as one box
+// per column block from its page, as a contiguous tile does; otherwise as kBlockN / kTmaPageSlabRows slabs, slab i by lane i of the
+// producer warp, each from the page that block_table names for its keys (rules.h kv_page). Either
+// way the stage's barrier expects the whole tile's bytes.
 template <class Traits>
 constexpr int kPageSlabsPerTile = Traits::kBlockN / kTmaPageSlabRows;
 
-// The page of slab `slab` of key tile n of sequence c, as its entry reads; num_pages (past the
-// descriptor's extent: TMA writes zeros, and their bytes still count) for a slab past the
-// sequence's keys, and for an entry that names no page of the cache (the fault recorded:
-// index_checks.h checked_page).
+// The block_table entry of slab `slab` of key tile n of sequence c (slab 0: the tile's page where
+// pages hold whole tiles), as read, unchecked; num_pages for a slab past the sequence's keys (or
+// past the tile). Read a key tile ahead of its loads (its latency off the producer's path), then
+// checked by checked_slab_page.
 template <class Traits>
-__device__ __forceinline__ int page_of_slab(const AttnParams& p, const CtaInfo& c, int n, int slab) {
+__device__ __forceinline__ int slab_table_entry(const AttnParams& p, const CtaInfo& c, int n, int slab) {
   const int key = n * Traits::kBlockN + slab * kTmaPageSlabRows;
   if (slab >= kPageSlabsPerTile<Traits> || key >= c.seq.seqlen_k) return p.num_pages;
-  const int page = kv_page(p, c.seq, c.b, key);
-  return checked_page(p, c.b, page) ? page : p.num_pages;
+  return kv_page(p, c.seq, c.b, key);
+}
+
+// The page to load a slab from: its entry, or num_pages (past the descriptor's extent: TMA writes
+// zeros, and their bytes still count) for an entry that names no page of the cache, the fault
+// recorded (index_checks.h checked_page).
+__device__ __forceinline__ int checked_slab_page(const AttnParams& p, const CtaInfo& c, int entry) {
+  return entry == p.num_pages || checked_page(p, c.b, entry) ? entry : p.num_pages;
 }
 
 // Loads slab `slab` of key tile n (of KV head hk) from `page` into its rows of `stage`, completing
