@@ -48,6 +48,9 @@
 #             bench/probes/ab_summary.py prints each point's best of the rounds and the ratio
 #   varlen_ab varlen prefill (CLI run, random lengths) on each prefill kernel forced in turn,
 #             alternating, two rounds: best TFLOP/s per kernel. Log: varlen-ab.log
+#   build_variant, variant_ab  a second build of the same source with VARIANT_ARGS added (its CLI
+#             alone, build/variant), then VARIANT_AB_CASES on both CLIs, alternating, two rounds:
+#             best TFLOP/s per build and their ratio. Log: variant-ab.log
 #   pagecost  decode over a paged cache (pages of 1 and 16 rows) against contiguous, CLI bench (D-61)
 #   spills    Nsight Compute's local-memory (spill) instructions and sectors of the kernels ptxas
 #             reports spilling, against all their instructions (bench/probes/spill_cost.py, D-49)
@@ -397,6 +400,53 @@ for line in open(sys.argv[1]):
     best.setdefault(case, {})[kernel] = max(best.get(case, {}).get(kernel, 0.0), tflops)
 for case, by_kernel in best.items():
     print(case, " ".join(f"{k} {v:.0f}" for k, v in by_kernel.items()), "TFLOP/s")
+PY
+}
+
+# Two builds of the same source side by side: build_variant configures build/variant with the
+# preset, CMAKE_ARGS and VARIANT_ARGS (e.g. -DFLASHATTN_FP8_POLY_EXP2_EVERY=0) and builds its CLI
+# alone; variant_ab runs VARIANT_AB_CASES (CLI run flags; default the FP8 prefill grid at d 128
+# and 256) on the installed CLI ("main") and the variant's, alternating, two rounds, and prints
+# each case's best TFLOP/s per build. Log: variant-ab.log
+VARIANT_AB_CASES=(
+  "--dtype e4m3 --batch 4 --seqlen-q 4096 --heads 16 --head-dim 128"
+  "--dtype e4m3 --batch 4 --seqlen-q 4096 --heads 16 --head-dim 128 --causal"
+  "--dtype e4m3 --batch 1 --seqlen-q 16384 --heads 16 --head-dim 128"
+  "--dtype e4m3 --batch 1 --seqlen-q 16384 --heads 16 --head-dim 128 --causal"
+  "--dtype e4m3 --batch 4 --seqlen-q 4096 --heads 8 --head-dim 256"
+  "--dtype e4m3 --batch 1 --seqlen-q 16384 --heads 8 --head-dim 256 --causal"
+  "--batch 4 --seqlen-q 4096 --heads 16 --head-dim 128"
+)
+stage_build_variant() {
+  cmake --preset "$PRESET" -B build/variant -DFLASHATTN_CUTLASS_INCLUDE="$PWD/$CARRY/cutlass" \
+    -DCMAKE_PREFIX_PATH="$PWD/$CARRY/gtest" ${CMAKE_ARGS:-} ${VARIANT_ARGS:-} >"$OUT/build-variant.log" 2>&1 &&
+    cmake --build build/variant --target flashattn_cli -j "$(nproc)" >>"$OUT/build-variant.log" 2>&1 ||
+    { tail -n 40 "$OUT/build-variant.log"; return 1; }
+}
+stage_variant_ab() {
+  local round build cli c
+  local variant_cli
+  variant_cli=$(find build/variant -name flashattn -type f -perm -u+x | head -n 1)
+  for round in 1 2; do
+    for c in "${VARIANT_AB_CASES[@]}"; do
+      for build in main variant; do
+        cli=$CLI
+        [ "$build" = variant ] && cli=$variant_cli
+        printf '%s\t%s\t' "$build" "$c"
+        "$cli" run $c --repeat 20 --json 2>/dev/null || echo "{}"
+      done
+    done
+  done >"$OUT/variant-ab.log"
+  python3 - "$OUT/variant-ab.log" <<'PY'
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    build, case, record = line.rstrip("\n").split("\t")
+    tflops = json.loads(record or "{}").get("tflops", 0.0)
+    best.setdefault(case, {})[build] = max(best.get(case, {}).get(build, 0.0), tflops)
+for case, by_build in best.items():
+    ratio = by_build.get("variant", 0.0) / max(by_build.get("main", 0.0), 1e-9)
+    print(case, " ".join(f"{k} {v:.0f}" for k, v in by_build.items()), f"TFLOP/s, variant/main {ratio:.3f}")
 PY
 }
 
