@@ -41,13 +41,6 @@ if("90a" IN_LIST FLASHATTN_CUDA_ARCHS)
   # The sm_90a wgmma kernel (src/cuda/wgmma_kernel.h) is compiled in and chosen on sm_90 devices.
   target_compile_definitions(flashattn PRIVATE FLASHATTN_HAS_SM90A=1)
 endif()
-# The share of the FP8-products softmax's exponentials on the FMA pipes (src/common/tuning.h
-# kFp8PolyExp2Every: every k-th column pair, 0 = none); empty keeps tuning.h's default. For A/B
-# builds of one GPU session: -DFLASHATTN_FP8_POLY_EXP2_EVERY=0 against the default.
-set(FLASHATTN_FP8_POLY_EXP2_EVERY "" CACHE STRING "FP8 products: exp2 by polynomial on every k-th column pair (0 = off; empty = tuning.h default)")
-if(NOT FLASHATTN_FP8_POLY_EXP2_EVERY STREQUAL "")
-  target_compile_definitions(flashattn PRIVATE FLASHATTN_FP8_POLY_EXP2_EVERY=${FLASHATTN_FP8_POLY_EXP2_EVERY})
-endif()
 target_compile_options(flashattn PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --use_fast_math -O3 -Xptxas=-warn-spills>)
 # -lineinfo (source lines for Nsight Compute / compute-sanitizer) records the absolute paths of
 # the sources in the device code; wheels leave it out (python/CMakeLists.txt), so that they hold

@@ -138,30 +138,6 @@ inline bool warpspec_pays(int served_head_dim, bool varlen, bool fp8) {
   return served_head_dim >= 128 && (!varlen || fp8);
 }
 
-// The warpspec kernel's FP8 products: every kFp8PolyExp2Every-th column pair of a thread's
-// scores (1 in k of the softmax's exponentials) takes 2^x from exp2_on_fma (common/exp2_poly.h,
-// FMA and integer pipes) instead of MUFU.EX2; 0 = all on MUFU. Issue 29; not yet measured on a
-// GPU (no decision entry). Other values at build time: -DFLASHATTN_FP8_POLY_EXP2_EVERY=k (CMake
-// cache variable of the same name).
-// The estimate behind 8, per SM and exponential: MUFU.EX2 runs 16 per clock (1/16 clock each);
-// the warp schedulers issue 128 thread-instructions per clock (4 x 32), shared by every pipe.
-// Besides its exponential an element costs about a = 4-5 issue slots (in the e4m3 d = 128 SASS
-// per S element: the scale FFMA, an FMNMX for the max, an FADD for the sum, half an F2FP e4m3
-// pack, one FMUL of the O rescale; FSELs on masked tiles) plus its MUFU's own slot; the
-// polynomial costs c = 9 (common/exp2_poly.h). With a share q on the polynomial: MUFU time
-// (1 - q) / 16, issue time (a + (1 - q) + q c) / 128; they meet at q = (7 - a) / (7 + c) = 3/16
-// for a = 4 (1/8 for a = 5, 1/4 for a = 3). Per 128 x 128 tile (16,384 exponentials, 1024 MUFU
-// clocks, about as long as its two e4m3 wgmma at d = 128) k = 8 (q = 1/8) gives 896 clocks at
-// a = 4 or 5; k = 4 (q = 1/4) gives 896 at a = 4 but 1024 at a = 5: 8 is the side that cannot
-// lose to the issue limit if a is underestimated. At d = 256 the wgmma work per exponential
-// doubles and bounds the tile; the share there only has to stay off that path (issue time about
-// 960 clocks per 16,384 exponentials at a = 5.5, against about 2048 for the wgmma).
-#ifndef FLASHATTN_FP8_POLY_EXP2_EVERY
-#define FLASHATTN_FP8_POLY_EXP2_EVERY 8
-#endif
-constexpr int kFp8PolyExp2Every = FLASHATTN_FP8_POLY_EXP2_EVERY;
-static_assert(kFp8PolyExp2Every >= 0, "FLASHATTN_FP8_POLY_EXP2_EVERY: 0 (off) or k > 0 (every k-th column pair)");
-
 // The warpspec kernel on a persistent grid, one CTA per SM (its shared memory holds one): a
 // CTA's next query tile loads while it finishes the current one (D-71). Varlen calls get one CTA
 // per query tile instead: their tiles' costs vary with each sequence's length (and tiles past a

@@ -33,7 +33,6 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/params.h"
-#include "common/tuning.h"
 #include "cuda/components/cta_geometry.h"
 #include "cuda/components/epilogue.h"
 #include "cuda/components/fp8_operands.h"
@@ -382,7 +381,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int j0 = n * kBlockN;
       const bool need_mask = !(j0 >= tiles.mask_free_lo && j0 + kBlockN <= tiles.mask_free_hi);
       apply_score_rules(p, c, sc, s, tScS_rc, j0, need_mask);
-      softmax_update<kFp8 ? kFp8PolyExp2Every : 0>(s, rows, sc.scale_log2, correction);
+      softmax_update(s, rows, sc.scale_log2, correction);
     };
 
     Tensor tSrQ = thr_s.partition_fragment_A(q_tile(q_loads));

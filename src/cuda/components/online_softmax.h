@@ -4,7 +4,6 @@
 
 #include <cute/tensor.hpp>
 
-#include "common/exp2_poly.h"
 #include "common/softmax_state.h"
 #include "cuda/components/fragments.h"
 
@@ -15,20 +14,11 @@ namespace fwd {
 using namespace cute;
 using cute::Tensor;  // not flashattn::Tensor (the public view)
 
-// Whether column jj of a thread's scores (rows, cols) in a wgmma accumulator's row-column view
-// (column jj = e + 2 j: pair j holds two adjacent keys) takes its exponential from exp2_on_fma
-// rather than MUFU: every poly_every-th pair (0: none). Spread over the row, so that the unrolled
-// loop interleaves the two kinds and the scheduler can keep MUFU and the FMA pipe busy at once.
-constexpr bool exp2_by_polynomial(int jj, int poly_every) {
-  return poly_every > 0 && (jj / 2) % poly_every == poly_every - 1;
-}
-
 // The softmax half of an online-softmax step: fold the scores s (rows, cols) into the running
 // state of each row and turn s into P = exp2(x * scale_log2 - max'); correction[i] is the
 // factor row i of O must be scaled by (rescale_rows) before P V is added. A row's sum stays
-// thread-local (reduced across the quad at the end). kPolyEvery > 0 (the FP8-products warpspec
-// kernel, tuning.h kFp8PolyExp2Every): the columns of exp2_by_polynomial use exp2_on_fma.
-template <int kPolyEvery = 0, class S>
+// thread-local (reduced across the quad at the end).
+template <class S>
 __device__ __forceinline__ void softmax_update(S& s, SoftmaxRowState* rows, float scale_log2, float* correction) {
   constexpr int kRows = decltype(size<0>(s))::value;
   constexpr int kCols = decltype(size<1>(s))::value;
@@ -43,12 +33,7 @@ __device__ __forceinline__ void softmax_update(S& s, SoftmaxRowState* rows, floa
     float sum = 0.0f;
     CUTE_UNROLL
     for (int jj = 0; jj < kCols; ++jj) {
-      const float x = s(i, jj) * scale_log2 - m_scaled;
-      if constexpr (kPolyEvery > 0) {
-        s(i, jj) = exp2_by_polynomial(jj, kPolyEvery) ? exp2_on_fma(x) : exp2f(x);
-      } else {
-        s(i, jj) = exp2f(x);
-      }
+      s(i, jj) = exp2f(s(i, jj) * scale_log2 - m_scaled);
       sum += s(i, jj);
     }
     rows[i].sum += sum;
