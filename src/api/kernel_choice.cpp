@@ -269,6 +269,13 @@ KernelChoice choose_kernel(const Problem& p, const AttentionOptions& options, in
                         c.num_splits <= kMaxClusterSplits;  // D-34
   } else {
     choose_prefill(p, options, device, w, override_, c);
+    // The split count was planned for the gathering kernels; unsplit, warpspec may serve (D-81).
+    if (requested_splits == 0 && c.num_splits > 1 && warpspec_fills_sms(w.work_tiles, device.sms)) {
+      KernelChoice unsplit = c;
+      unsplit.num_splits = 1;
+      choose_prefill(p, options, device, w, override_, unsplit);
+      if (unsplit.kernel == Kernel::warpspec) c = unsplit;
+    }
   }
   return c;
 }

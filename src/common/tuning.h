@@ -138,6 +138,13 @@ inline bool warpspec_pays(int served_head_dim, bool varlen, bool fp8) {
   return served_head_dim >= 128 && (!varlen || fp8);
 }
 
+// Split-KV prefill (the mma kernel) is not taken where the unsplit call runs on the warpspec
+// kernel and its query tiles fill kSplitFillFraction of the SMs (one warpspec CTA per SM; the
+// split heuristic counts kCtasPerSm CTAs of the gathering kernels): chunked prefill, 512 queries
+// x 32 heads (128 tiles) over 8k and 32k cached keys, measured 248 and 312 TFLOP/s split in two
+// on mma against 609 and 632 unsplit on warpspec (D-81).
+inline bool warpspec_fills_sms(int64_t work_tiles, int sms) { return double(work_tiles) >= kSplitFillFraction * sms; }
+
 // The warpspec kernel on a persistent grid, one CTA per SM (its shared memory holds one): a
 // CTA's next query tile loads while it finishes the current one (D-71). Varlen calls get one CTA
 // per query tile instead: their tiles' costs vary with each sequence's length (and tiles past a

@@ -318,6 +318,31 @@ TEST(KernelChoice, WarpspecServesDenseTmaDescribableUnpackedUnsplitPrefillOnly) 
   EXPECT_NE(choose(packed, forced).kernel, Kernel::warpspec);
 }
 
+TEST(KernelChoice, ChunkedPrefillFillingTheSmsRunsUnsplitOnWarpspec) {  // D-81
+  // 512 queries x 32 heads over 8 KV heads (4 query tiles x 32 units = 128 tiles, 0.97 of the
+  // SMs) over 8k cached keys: the heuristic's 264 slots would split it in two on mma.
+  Problem chunk = prefill(512);
+  chunk.batch = 1;
+  chunk.seqlen_k = 8704;
+  chunk.heads = 32;
+  chunk.heads_k = 8;
+  chunk.kvcache = true;
+  Problem gathered = chunk;  // (tma_describable false: rows TMA cannot describe)
+  EXPECT_EQ(choose(gathered).kernel, Kernel::mma);
+  EXPECT_EQ(choose(gathered).num_splits, 2);
+  chunk.tma_describable = true;
+  EXPECT_EQ(choose(chunk).kernel, Kernel::warpspec);
+  EXPECT_EQ(choose(chunk).num_splits, 1);
+  EXPECT_EQ(choose(chunk, {}, /*requested=*/2).num_splits, 2);  // asked for: kept
+  Problem few = chunk;  // 2 query tiles x 32 units = 64 tiles: under 0.8 of the SMs
+  few.seqlen_q = 256;
+  EXPECT_EQ(choose(few).kernel, Kernel::mma);
+  EXPECT_GT(choose(few).num_splits, 1);
+  flashattn::KernelOverride wgmma;
+  wgmma.kernel = Kernel::wgmma;
+  EXPECT_EQ(choose(chunk, wgmma).kernel, Kernel::mma);  // no warpspec under another override
+}
+
 TEST(KernelChoice, Fp8ProductsRunOnWarpspecForE4m3QkvAtHeadDims128And256) {  // D-75
   Problem fp8 = prefill(1024);
   fp8.tma_describable = true;
