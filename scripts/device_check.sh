@@ -391,23 +391,34 @@ stage_varlen_ab() {
       done
     done
   done >"$OUT/varlen-ab.log"
-  python3 - "$OUT/varlen-ab.log" <<'PY'
+  best_tflops "$OUT/varlen-ab.log"
+}
+
+# A log of "label<TAB>case<TAB>CLI run --json record" lines: each case's best TFLOP/s per label,
+# and with two labels given, the second's over the first's.
+best_tflops() {
+  python3 - "$@" <<'PY'
 import json, sys
 best = {}
 for line in open(sys.argv[1]):
-    kernel, case, record = line.rstrip("\n").split("\t")
+    label, case, record = line.rstrip("\n").split("\t")
     tflops = json.loads(record or "{}").get("tflops", 0.0)
-    best.setdefault(case, {})[kernel] = max(best.get(case, {}).get(kernel, 0.0), tflops)
-for case, by_kernel in best.items():
-    print(case, " ".join(f"{k} {v:.0f}" for k, v in by_kernel.items()), "TFLOP/s")
+    best.setdefault(case, {})[label] = max(best.get(case, {}).get(label, 0.0), tflops)
+for case, by_label in best.items():
+    ratio = ""
+    if len(sys.argv) == 4:
+        first, second = sys.argv[2:]
+        ratio = f", {second}/{first} {by_label.get(second, 0.0) / max(by_label.get(first, 0.0), 1e-9):.3f}"
+    print(case, " ".join(f"{k} {v:.0f}" for k, v in by_label.items()), f"TFLOP/s{ratio}")
 PY
 }
 
 # Two builds of the same source side by side: build_variant configures build/variant with the
-# preset, CMAKE_ARGS and VARIANT_ARGS (e.g. -DFLASHATTN_FP8_POLY_EXP2_EVERY=0) and builds its CLI
+# preset, CMAKE_ARGS and VARIANT_ARGS (e.g. -DFLASHATTN_HEAD_DIMS=128) and builds its CLI
 # alone; variant_ab runs VARIANT_AB_CASES (CLI run flags; default the FP8 prefill grid at d 128
 # and 256) on the installed CLI ("main") and the variant's, alternating, two rounds, and prints
-# each case's best TFLOP/s per build. Log: variant-ab.log
+# each case's best TFLOP/s per build. Log: variant-ab.log. Run build_variant after build, not beside
+# it: the two at once (session 28) took past the 600 s a device call may run.
 VARIANT_AB_CASES=(
   "--dtype e4m3 --batch 4 --seqlen-q 4096 --heads 16 --head-dim 128"
   "--dtype e4m3 --batch 4 --seqlen-q 4096 --heads 16 --head-dim 128 --causal"
@@ -437,17 +448,7 @@ stage_variant_ab() {
       done
     done
   done >"$OUT/variant-ab.log"
-  python3 - "$OUT/variant-ab.log" <<'PY'
-import json, sys
-best = {}
-for line in open(sys.argv[1]):
-    build, case, record = line.rstrip("\n").split("\t")
-    tflops = json.loads(record or "{}").get("tflops", 0.0)
-    best.setdefault(case, {})[build] = max(best.get(case, {}).get(build, 0.0), tflops)
-for case, by_build in best.items():
-    ratio = by_build.get("variant", 0.0) / max(by_build.get("main", 0.0), 1e-9)
-    print(case, " ".join(f"{k} {v:.0f}" for k, v in by_build.items()), f"TFLOP/s, variant/main {ratio:.3f}")
-PY
+  best_tflops "$OUT/variant-ab.log" main variant
 }
 
 # Paged decode against contiguous (the block_table checks' cost, D-61): the CLI's decode grid at
