@@ -49,10 +49,11 @@ int cpu_decode_splits(int sequences, int threads, int key_tiles, int max_splits)
 
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k);
 
-// Whether TMA descriptors can describe q, k and v of a dense, varlen or KV-cache call (paged K/V:
-// pages of whole slabs, no left pad) as (rows, d, heads, batch) tensors (params.h TmaRows): 16-byte aligned bases, strides
-// that are positive multiples of 16 bytes below 2^40, extents in [1, 2^31) (the hardware's rules
-// for cuTensorMapEncodeTiled; src/cuda/components/tma_tiles.h).
+// Whether TMA descriptors can describe q, k and v of a dense, varlen or KV-cache call (paged
+// K/V: pages of whole slabs, no left pad) as (rows, d, heads, batch) tensors (params.h
+// TmaRows): 16-byte aligned bases, strides that are positive multiples of 16 bytes below 2^40,
+// extents in [1, 2^31) (the hardware's rules for cuTensorMapEncodeTiled;
+// src/cuda/components/tma_tiles.h).
 bool tma_describable(const AttnParams& a);
 
 // A FLASHATTN_KERNEL value as kernel_override_from_env reads it (api/kernel_override.cpp).

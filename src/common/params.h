@@ -114,16 +114,18 @@ struct AttnParams {
   int num_threads = 0;
 };
 
+// Paged K/V on the warpspec kernel: a key tile loads as slabs of this many rows, each from its
+// page, where a page does not hold whole tiles (cuda/components/tma_tiles.h); pages must hold
+// whole slabs (page_size a multiple of it) and keys have no left pad (api/kernel_choice.cpp
+// tma_describable).
+constexpr int kTmaPageSlabRows = 16;
+
 // The rows and batch entries one tensor's TMA descriptor spans (cuda/components/tma_tiles.h;
 // api/kernel_choice.cpp tma_describable checks them against the hardware's rules): the
 // sequence's rows per batch entry (a contiguous cache: per cache row), or, with rows packed by
 // cu_seqlens (varlen), all the tensor's rows as one entry, each sequence's tiles starting at its
 // row offset (rules.h SeqInfo); paged K/V: a page's rows per entry, one entry per page of the
-// cache (the kernel loads a tile page slab by page slab, tma_tiles.h kPageSlabRows).
-// Paged K/V: a key tile loads as slabs of this many rows, each from one page (a page holds whole
-// slabs: page_size a multiple of it, no leftpad; api/kernel_choice.cpp tma_describable).
-constexpr int kTmaPageSlabRows = 16;
-
+// cache (the kernel names the page of each load).
 struct TmaRows {
   int64_t rows, batches;
   int64_t batch_stride;  // elements; with one entry, any valid stride (it is never stepped)

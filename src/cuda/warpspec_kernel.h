@@ -19,8 +19,9 @@
 //     the other runs its softmax (ping-pong).
 // Dense, varlen and KV-cache calls with TMA-describable strides (the kernel choice checks them;
 // tma_tiles.h: a varlen sequence's tiles start at its packed row offset, paged K/V loads a tile
-// as slabs of 16 rows, each from its page, and a partial last key tile has its V rows past the
-// keys zeroed); packed GQA runs on wgmma_kernel.h.
+// from its page, or as slabs of 16 rows each from its page where pages hold no whole tile, and
+// a partial last key tile has its V rows past the keys zeroed); packed GQA runs on
+// wgmma_kernel.h.
 // FP8 products (WarpSpecFp8Traits, D-75): Q, K and V stay e4m3 and both products run as e4m3
 // wgmma. Warp 0 of the producer warpgroup loads; warps 1-3 transpose each V stage into a Vt
 // stage (components/fp8_operands.h), which the consumers read through a second pipeline
@@ -265,7 +266,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (!paged) {
           if (leader) whole_tile(gRows, n);
         } else if (pages_hold_whole_tiles<Traits>(p)) {
-          if (leader) whole_tile(tma_rows(tile_tma, tma.kv_rows, p, p.num_heads_k, c.hk, page, 0), n * kBlockN % p.page_size / kBlockN);
+          if (leader) {
+            whole_tile(tma_rows(tile_tma, tma.kv_rows, p, p.num_heads_k, c.hk, page, 0),
+                       n * kBlockN % p.page_size / kBlockN);
+          }
         } else if (lane < kPageSlabsPerTile<Traits>) {
           tma_load_page_slab<Traits>(slab_tma, tma.kv_rows, barrier, p, c.hk, n, lane, page, stage);
         }

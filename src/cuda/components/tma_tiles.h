@@ -159,9 +159,10 @@ __device__ __forceinline__ void zero_tile_rows(STile&& s, int first_row, int thr
 }
 
 // Paged K/V: where a page holds whole key tiles (pages_hold_whole_tiles), a tile loads as one box
-// per column block from its page, as a contiguous tile does; otherwise as kBlockN / kTmaPageSlabRows slabs, slab i by lane i of the
-// producer warp, each from the page that block_table names for its keys (rules.h kv_page). Either
-// way the stage's barrier expects the whole tile's bytes.
+// per column block from its page, as a contiguous tile does; otherwise as kBlockN /
+// kTmaPageSlabRows slabs, slab i by lane i of the producer warp, each from the page that
+// block_table names for its keys (rules.h kv_page). Either way the stage's barrier expects the
+// whole tile's bytes.
 template <class Traits>
 constexpr int kPageSlabsPerTile = Traits::kBlockN / kTmaPageSlabRows;
 
