@@ -230,22 +230,38 @@ int num_splits_heuristic(int work_tiles, int processors, int key_tiles, int max_
   return 1;
 }
 
+namespace {
+// One tensor of a TMA descriptor (tma_tiles.h): a 16-byte aligned base, strides in elements of
+// its storage type (e4m3: one byte) that are positive multiples of 16 bytes below 2^40, extents
+// in [1, 2^31).
+constexpr int64_t kTmaMaxExtent = int64_t(1) << 31;
+bool tma_extent_ok(int64_t n) { return n >= 1 && n < kTmaMaxExtent; }
+bool tma_tensor_ok(const void* base, DType storage, const TmaRows& rows, int64_t row, int64_t head) {
+  constexpr int64_t kAlign = 16, kMaxStrideBytes = int64_t(1) << 40;
+  const int64_t elem = dtype_size(storage);
+  auto stride_ok = [&](int64_t s) { return s > 0 && (s * elem) % kAlign == 0 && s * elem < kMaxStrideBytes; };
+  return reinterpret_cast<uintptr_t>(base) % kAlign == 0 && tma_extent_ok(rows.rows) && tma_extent_ok(rows.batches) &&
+         stride_ok(row) && stride_ok(head) && stride_ok(rows.batch_stride);
+}
+}  // namespace
+
 bool tma_describable(const AttnParams& a) {
-  constexpr int64_t kAlign = 16, kMaxStrideBytes = int64_t(1) << 40, kMaxExtent = int64_t(1) << 31;
   // Pages of whole slabs (params.h kTmaPageSlabRows); a left pad would shift keys off the slabs.
   if (a.block_table != nullptr && (a.page_size % kTmaPageSlabRows != 0 || a.leftpad_k != nullptr)) return false;
-  auto extent_ok = [&](int64_t n) { return n >= 1 && n < kMaxExtent; };
-  // strides in elements of the tensor's storage type (e4m3: one byte)
-  auto tensor_ok = [&](const void* base, DType storage, const TmaRows& rows, int64_t row, int64_t head) {
-    const int64_t elem = dtype_size(storage);
-    auto stride_ok = [&](int64_t s) { return s > 0 && (s * elem) % kAlign == 0 && s * elem < kMaxStrideBytes; };
-    return reinterpret_cast<uintptr_t>(base) % kAlign == 0 && extent_ok(rows.rows) && extent_ok(rows.batches) &&
-           stride_ok(row) && stride_ok(head) && stride_ok(rows.batch_stride);
-  };
-  return extent_ok(a.num_heads) && extent_ok(a.num_heads_k) && extent_ok(a.head_dim) && extent_ok(a.seqlen_k) &&
-         tensor_ok(a.q, a.q_storage, tma_q_rows(a), a.q_row_stride, a.q_head_stride) &&
-         tensor_ok(a.k, a.kv_storage, tma_kv_rows(a, a.k_batch_stride, a.k_row_stride), a.k_row_stride, a.k_head_stride) &&
-         tensor_ok(a.v, a.kv_storage, tma_kv_rows(a, a.v_batch_stride, a.v_row_stride), a.v_row_stride, a.v_head_stride);
+  return tma_extent_ok(a.num_heads) && tma_extent_ok(a.num_heads_k) && tma_extent_ok(a.head_dim) &&
+         tma_extent_ok(a.seqlen_k) &&
+         tma_tensor_ok(a.q, a.q_storage, tma_q_rows(a), a.q_row_stride, a.q_head_stride) &&
+         tma_tensor_ok(a.k, a.kv_storage, tma_kv_rows(a, a.k_batch_stride, a.k_row_stride), a.k_row_stride,
+                       a.k_head_stride) &&
+         tma_tensor_ok(a.v, a.kv_storage, tma_kv_rows(a, a.v_batch_stride, a.v_row_stride), a.v_row_stride,
+                       a.v_head_stride);
+}
+
+bool tma_stores_o(const AttnParams& a) {
+  if (a.cu_seqlens_q != nullptr) return false;  // packed rows: a tile's last rows are the next sequence's
+  return tma_extent_ok(a.seqlen_q) && tma_extent_ok(a.batch) &&
+         tma_tensor_ok(a.o, a.dtype, TmaRows{a.seqlen_q, a.batch, a.o_batch_stride, false}, a.o_row_stride,
+                       a.o_head_stride);
 }
 
 bool should_pack_gqa(int seqlen_q, int heads, int heads_k) {

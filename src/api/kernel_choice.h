@@ -56,6 +56,11 @@ bool should_pack_gqa(int seqlen_q, int heads, int heads_k);
 // src/cuda/components/tma_tiles.h).
 bool tma_describable(const AttnParams& a);
 
+// Whether the warpspec kernel stores O through a TMA descriptor (tma_tiles.h TmaQkv::o, D-82):
+// a dense or KV-cache call (not varlen, whose tiles end past their sequence's rows) whose O meets
+// the rules above as a (seqlen_q, d, heads, batch) tensor.
+bool tma_stores_o(const AttnParams& a);
+
 // A FLASHATTN_KERNEL value as kernel_override_from_env reads it (api/kernel_override.cpp).
 KernelOverride parse_kernel_override(const std::string& value);
 

@@ -411,6 +411,7 @@ struct WarpSpecTraits : TwoWarpgroupTileTraits<Element_, kHeadDim_, WarpSpecTile
   static constexpr int kSmemBytes = kQBuffers * kTileBytesQ + kSmemBesideQ;
   static_assert(kSmemBytes <= kSmemLimit, "fits the SM90 per-block shared memory limit");
   static constexpr bool kFp8Products = false;  // WarpSpecFp8Traits
+  using SmemLayoutO = typename Shared::SmemLayoutQ;  // O is staged in Q's buffer (not the base's layout)
 };
 
 // The warp-specialised kernel on e4m3 Q, K and V with both products in FP8 (docs/DECISIONS.md

@@ -230,11 +230,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     }
     // warp 0: lane 0 issues the loads of Q and of whole K/V tiles; with paged K/V in slabs, lane
-    // i loads slab i of each key tile (tma_load_page_slab)
-    if (threadIdx.x >= 32) return;
+    // i loads slab i of each key tile (tma_load_page_slab). Without slabs lane 0 runs alone, as
+    // the producer did before paged K/V (D-81).
+    const bool paged = p.block_table != nullptr;
+    const bool slabs = paged && !pages_hold_whole_tiles<Traits>(p);
+    if (threadIdx.x >= (slabs ? 32 : 1)) return;
     const int lane = int(threadIdx.x);
     const bool leader = lane == 0;
-    const bool paged = p.block_table != nullptr;
     Stage k_write = cutlass::make_producer_start_state<Pipeline>();
     Stage v_write = k_write;
     int q_loads = 0;
@@ -359,6 +361,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int consumer = warpgroup - 1, tid_in_warpgroup = tid % kWarpgroupThreads;
   constexpr int kOwnRows = kBlockM / kConsumerWarpgroups;
   const int own_row0 = consumer * kOwnRows;
+  // O through TMA (tma.o_by_tma, D-82): thread 0 of each warpgroup issues its rows' store. Its
+  // share of releasing Q's buffer (where O is staged) waits until the store has read the rows,
+  // which it checks at the next query tile, after that tile's setup.
+  const bool o_store_leader = tma.o_by_tma && tid_in_warpgroup == 0;
+  int o_stored_q_buffer = -1;  // the Q buffer whose release o_store_leader owes, or -1
+  auto release_stored_q_buffer = [&]() {
+    if (o_stored_q_buffer >= 0) {
+      tma_store_wait<0>();
+      smem.q_empty[o_stored_q_buffer].arrive();
+      o_stored_q_buffer = -1;
+    }
+  };
 
   for (int round = 0, tile; (tile = tile_of_round(round)) < tiles_total; ++round) {
     CtaInfo c;
@@ -367,7 +381,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int key_tiles = tiles.hi - tiles.lo;
     // The O row offsets of this warpgroup's rows of the tile, beside those of the previous tile
     // that its stores may still read (this tile's consumer_warpgroup_sync ends them).
-    for (int r = own_row0 + tid_in_warpgroup; r < own_row0 + kOwnRows; r += kWarpgroupThreads) {
+    for (int r = own_row0 + tid_in_warpgroup; !tma.o_by_tma && r < own_row0 + kOwnRows; r += kWarpgroupThreads) {
       const int row = c.m0 + r;
       const PackedRow pr = tile_row_query(p, c, row);
       smem.o_off[q_loads & 1][r] = row < c.rows ? o_offset(p, c.seq, c.b, pr.query, pr.head) : kNoRow;
@@ -389,6 +403,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
 
     Tensor tSrQ = thr_s.partition_fragment_A(q_tile(q_loads));
+    if (o_store_leader) release_stored_q_buffer();  // (with one Q buffer, this tile's Q waits on it)
     smem.q_full[q_buffer(q_loads)].wait(q_parity(q_loads));
     if (key_tiles > 0) {
       TensorCoreTurns turns(warpgroup - 1, key_tiles);
@@ -456,25 +471,43 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     // ---- epilogue: each warpgroup normalises its own 64 rows of O into Q's buffer (which only
-    // its own products read; FP8 products: O's own buffer), then stores them with 16-byte row
-    // stores, with no wait on the other warpgroup; then Q's buffer goes back to the producer
-    // (its generic-proxy accesses ordered before the next TMA write)
-    auto o_tile = [&]() {
+    // its own products read; FP8 products: O's own buffer), then stores them, through TMA or
+    // with 16-byte row stores, with no wait on the other warpgroup; then Q's buffer goes back
+    // to the producer (its generic-proxy accesses ordered before the next TMA write)
+    auto staged_o = [&]() {
       if constexpr (kFp8) {
-        return make_tensor(make_smem_ptr(smem.fp8.o.data()), typename Traits::SmemLayoutO{});
+        return smem.fp8.o.data();
       } else {
-        return q_tile(q_loads);
+        return smem.q.data() + q_buffer(q_loads) * Traits::kQElems;
       }
     };
-    Tensor sO = o_tile();
+    Tensor sO = make_tensor(make_smem_ptr(staged_o()), typename Traits::SmemLayoutO{});
     // O's own buffer: this warpgroup's stores of the previous query tile are done with it first
-    if constexpr (kFp8) consumer_warpgroup_sync(consumer);
+    if constexpr (kFp8) {
+      if (o_store_leader) tma_store_wait<0>();
+      consumer_warpgroup_sync(consumer);
+    }
     stage_wgmma_o(p, c, sc, thr_o, acc_o, rows, sO);
-    consumer_warpgroup_sync(consumer);
-    store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
-    cutlass::arch::fence_view_async_shared();
-    smem.q_empty[q_buffer(q_loads)].arrive();
+    if (tma.o_by_tma) {
+      cutlass::arch::fence_view_async_shared();  // the staged rows, before the TMA store reads them
+      consumer_warpgroup_sync(consumer);
+      if (o_store_leader) tma_store_o_half<Traits>(tma.o, p, c.b, c.head, c.m0 / kBlockM, consumer, staged_o());
+      if (o_store_leader && !kFp8) {
+        o_stored_q_buffer = q_buffer(q_loads);
+      } else {
+        smem.q_empty[q_buffer(q_loads)].arrive();
+      }
+    } else {
+      consumer_warpgroup_sync(consumer);
+      store_warpgroup_o_rows<kOwnRows>(p, sO, own_row0, smem.o_off[q_loads & 1], tid_in_warpgroup);
+      cutlass::arch::fence_view_async_shared();
+      smem.q_empty[q_buffer(q_loads)].arrive();
+    }
     ++q_loads;
+  }
+  if (o_store_leader) {
+    release_stored_q_buffer();
+    tma_store_wait<0>();  // the shared memory stays until the last store has read it
   }
 #endif
 }

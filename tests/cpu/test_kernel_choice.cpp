@@ -460,6 +460,37 @@ TEST(KernelChoice, TmaDescribableFollowsTheHardwareRules) {
   EXPECT_TRUE(flashattn::tma_describable(b));
 }
 
+TEST(KernelChoice, TmaStoresOOfDenseCallsWhoseOTmaDescribes) {  // D-82
+  alignas(16) static char buffer[64];
+  flashattn::AttnParams a;
+  a.dtype = flashattn::DType::bf16;
+  a.batch = 2, a.seqlen_q = 100, a.num_heads = 8, a.head_dim = 128;
+  a.o = buffer;
+  a.o_row_stride = 8 * 128, a.o_head_stride = 128, a.o_batch_stride = 100 * 8 * 128;
+  EXPECT_TRUE(flashattn::tma_stores_o(a));
+  flashattn::AttnParams b = a;
+  b.o = buffer + 8;  // base not 16-byte aligned
+  EXPECT_FALSE(flashattn::tma_stores_o(b));
+  b = a;
+  b.head_dim = 100, b.o_row_stride = 8 * 100 + 4, b.o_head_stride = 100;  // 1608-byte rows
+  EXPECT_FALSE(flashattn::tma_stores_o(b));
+  b = a;
+  b.o_batch_stride = 0;
+  EXPECT_FALSE(flashattn::tma_stores_o(b));
+  b = a;
+  b.dtype = flashattn::DType::f32, b.o_row_stride = 8 * 128 + 2;  // 4104 bytes: not a multiple of 16
+  EXPECT_FALSE(flashattn::tma_stores_o(b));
+  b.o_row_stride = 8 * 128 + 4;  // 4112 bytes
+  EXPECT_TRUE(flashattn::tma_stores_o(b));
+  static const int cu[3] = {0, 60, 100};
+  b = a;
+  b.cu_seqlens_q = cu, b.total_q = 100;  // varlen: a tile's last rows would be the next sequence's
+  EXPECT_FALSE(flashattn::tma_stores_o(b));
+  b = a;
+  b.seqlen_q = 0;
+  EXPECT_FALSE(flashattn::tma_stores_o(b));
+}
+
 TEST(KernelChoice, PrefillRunsWgmmaOnSm90WithOneSplitElseMma) {  // D-1
   EXPECT_EQ(choose(prefill(1024)).kernel, Kernel::wgmma);
   EXPECT_EQ(choose(prefill(1024), {}, 0, h200(128, /*sm90=*/false)).kernel, Kernel::mma);

@@ -20,6 +20,7 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 
+#include "api/kernel_choice.h"
 #include "common/params.h"
 #include "cuda/components/cta_geometry.h"
 #include "cuda/components/index_checks.h"
@@ -41,6 +42,12 @@ using TmaTileLoad = decltype(make_tma_copy(
     SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), TmaGmemLayout{}),
     SmemLayout{}, make_shape(size<0>(SmemLayout{}), size<1>(SmemLayout{})), _1{}));
 
+// The descriptor type of a tile of SmemLayout stored to a TmaGmemLayout tensor.
+template <class Element, class SmemLayout>
+using TmaTileStore = decltype(make_tma_copy(
+    SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), TmaGmemLayout{}), SmemLayout{},
+    make_shape(size<0>(SmemLayout{}), size<1>(SmemLayout{})), _1{}));
+
 // The rows a descriptor spans, as the kernel's coordinate tensors need them (params.h TmaRows).
 struct TmaRowsExtent {
   int32_t rows, batches;
@@ -59,15 +66,25 @@ using SmemLayoutKVSlab = decltype(composition(
     typename Traits::SmemLayoutKV{},
     Layout<Shape<Int<kTmaPageSlabRows>, Int<Traits::kHeadDim>>, Stride<_1, Int<Traits::kBlockN>>>{}));
 
+// One consumer warpgroup's rows of the staged O tile (kBlockM / 2 rows of Traits::SmemLayoutO),
+// as the TMA store reads them; the second half starts at row kBlockM / 2.
+template <class Traits>
+using SmemLayoutOHalf = decltype(composition(
+    typename Traits::SmemLayoutO{},
+    Layout<Shape<Int<Traits::kBlockM / 2>, Int<Traits::kHeadDim>>, Stride<_1, Int<Traits::kBlockM>>>{}));
+
 // The descriptors of one call: Q tiles of kBlockM rows, K and V tiles of kBlockN rows (of a
 // page's rows, with paged K/V), or with pages that do not hold whole tiles K and V slabs instead
-// (the unused pair is left unset).
+// (the unused pair is left unset); O in halves of a tile where api/kernel_choice.h tma_stores_o
+// (o_by_tma; else unset, and the kernel stores O's rows itself).
 template <class Traits>
 struct TmaQkv {
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutQ> q;
   TmaTileLoad<typename Traits::Element, typename Traits::SmemLayoutKV> k, v;
   TmaTileLoad<typename Traits::Element, SmemLayoutKVSlab<Traits>> k_slabs, v_slabs;
+  TmaTileStore<typename Traits::OutElement, SmemLayoutOHalf<Traits>> o;
   TmaRowsExtent q_rows, kv_rows;
+  bool o_by_tma;
 };
 
 inline TmaGmemLayout tma_gmem_layout(int rows, int head_dim, int heads, int batch, int64_t row_stride,
@@ -108,6 +125,14 @@ TmaQkv<Traits> make_tma_qkv(const AttnParams& p) {
   }
   tma.q_rows = tma_rows_extent(q_rows);
   tma.kv_rows = tma_rows_extent(k_rows);
+  tma.o_by_tma = tma_stores_o(p);
+  if (tma.o_by_tma) {
+    Tensor o = make_tensor(make_gmem_ptr(static_cast<typename Traits::OutElement*>(p.o)),
+                           tma_gmem_layout(p.seqlen_q, p.head_dim, p.num_heads, p.batch, p.o_row_stride,
+                                           p.o_head_stride, p.o_batch_stride));
+    using Half = SmemLayoutOHalf<Traits>;
+    tma.o = make_tma_copy(SM90_TMA_STORE{}, o, Half{}, make_shape(size<0>(Half{}), size<1>(Half{})), _1{});
+  }
   return tma;
 }
 
@@ -199,6 +224,26 @@ __device__ __forceinline__ void tma_load_page_slab(const Tma& tma, const TmaRows
   Tensor s = make_tensor(make_smem_ptr(stage + offset), SmemLayoutKVSlab<Traits>{});
   auto cta = tma.get_slice(_0{});
   copy(tma.with(barrier), cta.partition_S(g), cta.partition_D(s));
+}
+
+// Stores half `half` (the rows of consumer warpgroup `half`) of the O tile staged at staged_o
+// (Traits::SmemLayoutO) to query tile m_block of (batch b, head) through tma.o, and commits it
+// as a bulk group (cute::tma_store_wait reads its completion). One thread issues it; rows and
+// columns past O's extent are not written.
+template <class Traits, class Tma, class Element>
+__device__ __forceinline__ void tma_store_o_half(const Tma& tma, const AttnParams& p, int b, int head, int m_block,
+                                                 int half, Element* staged_o) {
+  constexpr int kHalfRows = Traits::kBlockM / 2;
+  Tensor m = tma.get_tma_tensor(
+      make_shape(int32_t(p.seqlen_q), int32_t(p.head_dim), int32_t(p.num_heads), int32_t(p.batch)));
+  Tensor g = local_tile(m(_, _, head, b), make_shape(Int<kHalfRows>{}, Int<Traits::kHeadDim>{}),
+                        make_coord(m_block * 2 + half, _0{}));
+  // the half's first row: whole 1 KB swizzle periods from the tile's start
+  const int offset = typename Traits::SmemLayoutO{}.layout_b()(half * kHalfRows, 0);
+  Tensor s = make_tensor(make_smem_ptr(staged_o + offset), SmemLayoutOHalf<Traits>{});
+  auto cta = tma.get_slice(_0{});
+  copy(tma, cta.partition_S(s), cta.partition_D(g));
+  tma_store_arrive();
 }
 
 // Loads tile `tile` (of the tile shape of sTile) of the (rows, d) coordinate tensor gRows into
