@@ -3,7 +3,7 @@
 // A CTA takes query tiles of 128 rows of one (batch, head) in turn (a persistent grid of one CTA
 // per SM, launch_tile_loop; D-71) and walks each tile's visible key tiles from the last down, as
 // wgmma_kernel.h does, with the work split by role (components/warp_roles.h):
-//   producer warpgroup   one thread issues the TMA loads (components/tma_tiles.h): per query
+//   producer warpgroup   warp 0 issues the TMA loads (components/tma_tiles.h): per query
 //                        tile Q, then K and V of each key tile into kStages stages, each stage
 //                        guarded by a "full" mbarrier (bytes landed) and an "empty" one
 //                        (consumers done); the next query tile's first K and V load while the
@@ -11,7 +11,9 @@
 //                        Q buffers where they fit (d <= 192), else once O is out of the one;
 //   consumer warpgroups  64 rows each: S = Q K^T (wgmma, both operands in shared memory), the
 //                        score rules and the online softmax in registers, O += P V (wgmma, P
-//                        from registers).
+//                        from registers); each then stages its rows of O in shared memory and
+//                        stores them, through TMA where O is a tensor TMA describes (not
+//                        varlen; D-82), else with 16-byte row stores.
 // Two overlaps hide the softmax:
 //   - within a warpgroup, S of tile n is issued together with P V of tile n+1, and the softmax
 //     of tile n runs while P V of tile n+1 is still on the tensor cores;
@@ -379,8 +381,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (!make_tile_info<kBlockM>(p, tile, m_blocks, c)) continue;
     const CtaKeyTiles tiles = cta_key_tiles<kBlockM, kBlockN>(p, c, 0);
     const int key_tiles = tiles.hi - tiles.lo;
-    // The O row offsets of this warpgroup's rows of the tile, beside those of the previous tile
-    // that its stores may still read (this tile's consumer_warpgroup_sync ends them).
+    // Where threads store O: the O row offsets of this warpgroup's rows of the tile, beside those
+    // of the previous tile that its stores may still read (this tile's consumer_warpgroup_sync
+    // ends them).
     for (int r = own_row0 + tid_in_warpgroup; !tma.o_by_tma && r < own_row0 + kOwnRows; r += kWarpgroupThreads) {
       const int row = c.m0 + r;
       const PackedRow pr = tile_row_query(p, c, row);
