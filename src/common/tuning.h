@@ -40,9 +40,10 @@ constexpr int kDeepDecodeMaxHeadDim = 128;
 // leaves room for 3 CTAs per SM at d = 128 (D-66).
 constexpr int kFp8DecodeCopyStages = 3;
 // The fp8 pipeline's head dims: a warp's 16-byte copies of its keys' e4m3 rows spread evenly
-// over its 32 lanes (rows of 16 x 2^k bytes, at most 512; d = 96 and 192 keep the standard
-// pipeline). A capability, not a preference.
-constexpr bool fp8_warp_kv_head_dim(int head_dim) { return head_dim % 16 == 0 && 32 % (head_dim / 16) == 0; }
+// over its 32 lanes (rows of 16 x 2^k bytes, at most 512), and each lane's share of a row for
+// P V is whole 4-byte words (d / 8 bytes: d >= 32; components/fp8_warp_kv.h). d = 96 and 192
+// keep the standard pipeline. A capability, not a preference.
+constexpr bool fp8_warp_kv_head_dim(int head_dim) { return head_dim % 32 == 0 && 32 % (head_dim / 16) == 0; }
 // The head dims of the warpspec kernel's FP8 products (WarpSpecFp8Traits, D-75): whole 128-byte
 // rows of e4m3.
 constexpr bool fp8_products_head_dim(int served_head_dim) { return served_head_dim % 128 == 0; }

@@ -184,9 +184,9 @@ enum class WarpSplit { keys, dims, heads };
 //                state spilled at the standard pipeline's 3 CTAs per SM (D-29), and the
 //                heads-split kernel (its Q is four tiles).
 //   fp8:         e4m3 K/V (Fp8Storage) in kCopyStages e4m3 stages (two tiles in flight) at 3
-//                CTAs per SM, each warp copying, widening and computing only its own keys,
-//                through one Element buffer that holds K for S = Q K^T, then V for P V
-//                (components/fp8_warp_kv.h, D-66).
+//                CTAs per SM, each warp copying and computing only its own keys, its MMA
+//                operands widened straight from the stages: no Element K/V buffer
+//                (components/fp8_warp_kv.h, D-66, D-83).
 enum class DecodePipeline { standard, deep, three_stage, fp8 };
 
 template <int kHeadDim, WarpSplit kWarps, DecodePipeline kPipeline, KvLayouts kLayout>
@@ -195,10 +195,10 @@ struct DecodeTileConfig {
   static constexpr bool kThreeStage = kPipeline == DecodePipeline::three_stage;
   static constexpr bool kFp8 = kPipeline == DecodePipeline::fp8;
   static constexpr int kBlockM = 16, kBlockN = FwdTileConfig<kHeadDim>::kBlockN, kNWarps = 4;
-  // Element K/V buffers (kStages each of K and V, or one for both), and the stages the copies
-  // stream through (the same buffers, except for the fp8 pipeline's e4m3 stages).
+  // Element K/V buffers (kStages each of K and V; none on the fp8 pipeline), and the stages the
+  // copies stream through (the same buffers, except for the fp8 pipeline's e4m3 stages).
   static constexpr int kStages = kDeep ? 5 : kThreeStage ? 3 : kFp8 ? 1 : 2;
-  static constexpr int kKvBuffers = kFp8 ? 1 : 2 * kStages;
+  static constexpr int kKvBuffers = kFp8 ? 0 : 2 * kStages;
   static constexpr int kCopyStages = kFp8 ? kFp8DecodeCopyStages : kStages;
   // (The fp8 pipeline's paged kernel holds its lanes' pages of the next tile: at 3 CTAs per SM
   // it spilled 100-120 bytes at d = 128 and ran at 0.73-0.80x our bf16 decode; at 2, D-66.)
@@ -265,6 +265,12 @@ struct DecodeTraits
   using WarpKeysT = cute::Shape<cute::Int<kDimsPerWarp>, cute::Int<kKeysPerWarp>>;
   using SmemLayoutVtWarpNoSwizzle = decltype(cute::make_layout(
       WarpKeysT{}, cute::GenRowMajor{}));  // fragment shape only
+
+  // The column of O that an accumulator column c of the warps' O holds: c, except on the fp8
+  // pipeline, whose P V reads each lane's V bytes in place (components/fp8_warp_kv.h, D-83).
+  __host__ __device__ static constexpr int o_column(int c) {
+    return kFp8Pipeline ? (c % 8) * (kHeadDim / 8) + c / 8 : c;
+  }
 
   // Merge buffers: per warp and row its max and sum, and its O slab in fp32 (rows padded by 8
   // floats against bank conflicts), laid over the K/V buffers once the mainloop is done; and

@@ -11,9 +11,9 @@
 // AttnParams::cluster_combine the split's partial stays in shared memory instead and the
 // unit's splits, one thread-block cluster, merge it there (combine_in_cluster).
 // FP8 K/V on the fp8 pipeline (components/fp8_warp_kv.h) streams e4m3 tiles through
-// kCopyStages stages, three in flight, and each warp waits for, widens and reads its own keys
-// only: one CTA barrier, for Q, before the first tile. Its one Element buffer holds the warp's
-// K rows for S = Q K^T, then its V rows for P V.
+// kCopyStages stages, three in flight, and each warp waits for and reads its own keys only: one
+// CTA barrier, for Q, before the first tile. Its MMA operands are widened from the e4m3 stages
+// straight into registers (make_fp8_fragment_math).
 // Short split walks at d = 64 and 128 (Traits::kWarpsSplitDims, tuning.h
 // decode_warps_split_dims) split the head dim instead: every warp computes the whole S of a
 // tile and its own columns of O, and writes them from registers with no merge
@@ -22,6 +22,8 @@
 // Rows, masks, paging, splits and packed GQA follow the same rules.h definitions as every other
 // kernel, through the components in src/cuda/components/.
 #pragma once
+
+#include <type_traits>
 
 #include "common/params.h"
 #include "cuda/components/cluster_combine.h"
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kKVElems = int(cute::cosize_v<typename Traits::SmemLayoutKV>);
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = smem_q + cute::cosize_v<typename Traits::SmemLayoutQ>;
-  Element* smem_v = Traits::kKvBuffers == 1 ? smem_k : smem_k + Traits::kStages * kKVElems;  // one: V over K
+  Element* smem_v = smem_k + Traits::kKvBuffers / 2 * kKVElems;  // (none on the fp8 pipeline)
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (16, d)
   int64_t* q_off = reinterpret_cast<int64_t*>(smem_k + Traits::kKvBuffers * kKVElems);
   int64_t* o_off = q_off + kBlockM;
@@ -117,30 +119,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // ---- this warp's MMA partitions and softmax state
   constexpr bool kSplitDims = Traits::kWarpsSplitDims;
-  auto math = make_warp_tile_math<Traits>(kv, sQ, warp, lane);
+  auto math = [&] {
+    if constexpr (Traits::kFp8Pipeline) {
+      return make_fp8_fragment_math<Traits>(kv, sQ, warp, lane);
+    } else {
+      return make_warp_tile_math<Traits>(kv, sQ, warp, lane);
+    }
+  }();
   math.start();
   ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
 
-  // ---- mainloop over key tiles, last first
-  for (int n = tiles.hi - 1; n >= tiles.lo; --n) {
+  // ---- mainloop over key tiles, last first. The first tile's step (kFirst) also brings Q in;
+  // it runs apart, so that the steps after it carry no test for Q.
+  auto walk_tile = [&](int n, auto first) {
+    constexpr bool kFirst = decltype(first)::value;
     // Paged: the pages of the tile issued below, read under this tile's wait.
     const auto rows_ahead = kv.lookup(p, c, tiles, n - (kStages - 1), tid);
     cp_async_wait<kStages - 2>();
-    kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n (fp8 pipeline: its rows of K)
-    if constexpr (Traits::kQFp8) {
-      if (n == tiles.hi - 1) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with the first tile
-    }
-    if constexpr (Traits::kQRescaled) {
-      if (n == tiles.hi - 1) sc.scale_q(rescale_q_into_fp16<Traits>(sQ, q_max_bits, tid));
-    }
+    kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n (fp8 pipeline: the warp's copies seen)
+    if constexpr (kFirst && Traits::kQFp8) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with it
+    if constexpr (kFirst && Traits::kQRescaled) sc.scale_q(rescale_q_into_fp16<Traits>(sQ, q_max_bits, tid));
     // Tile n (and, the first, Q) landed; every warp is done with tile n+1's stage. On the fp8
-    // pipeline each warp copies and reads its own keys only (widen's warp barriers): the CTA
+    // pipeline each warp copies and reads its own keys only (widen's warp barrier): the CTA
     // waits for Q alone.
-    if (!Traits::kFp8Pipeline || n == tiles.hi - 1) __syncthreads();
+    if constexpr (kFirst || !Traits::kFp8Pipeline) __syncthreads();
     issue_tile(n - (kStages - 1), rows_ahead);  // into tile n+1's stage
-    if (n == tiles.hi - 1) math.load_q(0);  // Q landed with the first tile: keep it in registers
+    if constexpr (kFirst) math.load_q(0);  // keep Q in registers
     math.step(p, c, tiles, sc, n, /*stage=*/unsigned(n) % Traits::kStages);  // n >= tiles.lo >= 0
-  }
+  };
+  if (any_tile) walk_tile(tiles.hi - 1, std::true_type{});
+  for (int n = tiles.hi - 2; n >= tiles.lo; --n) walk_tile(n, std::false_type{});
 
   cp_async_wait<0>();
   // With cluster_combine the split's result stays here: O over the K/V buffers, LSE after the

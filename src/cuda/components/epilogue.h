@@ -277,8 +277,13 @@ __device__ __forceinline__ void merge_warps_and_store(const AttnParams& p, const
     CUTE_UNROLL
     for (int d = 0; d < size<1>(o_rc); d += 2) {
       const int col = get<1>(tOcO_rc(i, d));
-      *reinterpret_cast<float2*>(merge_o.at(warp, r, col)) =
-          make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
+      if constexpr (Traits::o_column(1) == 1) {
+        *reinterpret_cast<float2*>(merge_o.at(warp, r, col)) =
+            make_float2(o_rc(i, d) * factor, o_rc(i, d + 1) * factor);
+      } else {  // columns in another order (Traits::o_column): two apart
+        *merge_o.at(warp, r, Traits::o_column(col)) = o_rc(i, d) * factor;
+        *merge_o.at(warp, r, Traits::o_column(col + 1)) = o_rc(i, d + 1) * factor;
+      }
     }
   }
   __syncthreads();

@@ -50,9 +50,6 @@ struct KvStages {
     }
   }
 
-  // Nothing here: V is widened with K (the fp8 pipeline widens it apart: fp8_warp_kv.h).
-  __device__ __forceinline__ void widen_v(int /*n*/) const {}
-
   __device__ __forceinline__ auto k_tile(int stage) const {
     return make_tensor(make_smem_ptr(k + stage * kElems), typename Traits::SmemLayoutKV{});
   }

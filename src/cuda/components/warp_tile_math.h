@@ -62,7 +62,6 @@ __device__ __forceinline__ auto make_warp_tile_math(const Kv& kv, const SmemQ& s
         make_smem_ptr(kv.v), typename Traits::SmemLayoutVtWarpNoSwizzle{}))) tOrVt;
     decltype(partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{})) acc_o;
     decltype(tScS_rc) tScS_rc;
-    const Kv& kv;  // KvStages<Traits>, or the fp8 pipeline's (widen_v)
     int warp;
     SoftmaxRowState rows[kRows];
 
@@ -98,7 +97,6 @@ __device__ __forceinline__ auto make_warp_tile_math(const Kv& kv, const SmemQ& s
 
       Tensor rP = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(rP.data(), acc_to_a_operand(rP.layout()));
-      kv.widen_v(n);  // the fp8 pipeline's V, over K (fp8_warp_kv.h); else nothing
       gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, copy_v, thr_copy_v);
     }
   };
@@ -118,7 +116,6 @@ __device__ __forceinline__ auto make_warp_tile_math(const Kv& kv, const SmemQ& s
                           make_tensor(make_smem_ptr(kv.v), typename Traits::SmemLayoutVtWarpNoSwizzle{})),
                       partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<Traits::kDimsPerWarp>>{}),
                       tScS_rc,
-                      kv,
                       warp,
                       {}};
 }
