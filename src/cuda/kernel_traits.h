@@ -500,8 +500,9 @@ struct MinBlocksPerSm<T, std::void_t<decltype(T::kMinBlocksPerSm)>> {
 // (tile_loads.h convert_tile), exactly (every e4m3 value is a bf16 and an fp16 value). The
 // descales join the softmax scale and the output factor (score_rules.h ScoreScale).
 // The decode kernel's fp8 pipeline (DecodePipeline::fp8) streams K/V through kMirrorStages
-// e4m3 stages of its own layout (row-major, components/fp8_warp_kv.h) into one Element buffer;
-// its warps' merge overlays the e4m3 stages once the mainloop is done.
+// e4m3 stages of its own layout (row-major, pieces swapped per line: components/fp8_warp_kv.h),
+// whose bytes widen straight into MMA operands; its warps' merge overlays the e4m3 stages once
+// the mainloop is done.
 // kMirrorStages: the e4m3 K and V stages (the base's stages, or its kCopyStages).
 // OutElement: O's type, and q's when q is not e4m3: the base's Element, or bf16 over the fp8
 // pipeline's fp16 tiles (kQRescaled: Q is converted into its tile times a power of two,
