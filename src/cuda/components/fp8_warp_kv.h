@@ -260,7 +260,10 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
       Tensor s = make_tensor(acc_s.data(), acc_to_rowcol(acc_s.layout()));  // (kRows, keys)
       const int key0 = n * Traits::kBlockN + warp_row;
       const bool need_mask = !(key0 >= tiles.mask_free_lo && key0 + kKeys <= tiles.mask_free_hi);
-      apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
+      // One warp-uniform test for all three rules: none of them, none of their per-score tests.
+      if (need_mask || sc.has_softcap || p.alibi_slopes != nullptr) {
+        apply_score_rules(p, c, sc, s, tScS_rc, key0, need_mask);
+      }
       Tensor o_rc = make_tensor(acc_o.data(), acc_to_rowcol(acc_o.layout()));  // (kRows, dims)
       online_softmax_step</*kSkipUnitRescale=*/true>(s, o_rc, rows, sc.scale_log2);
 
