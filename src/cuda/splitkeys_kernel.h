@@ -129,26 +129,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   math.start();
   ScoreScale sc(p, c.b, c.hk, Traits::kKvFp8);
 
-  // ---- mainloop over key tiles, last first. The first tile's step (kFirst) also brings Q in;
-  // it runs apart, so that the steps after it carry no test for Q.
+  // ---- mainloop over key tiles, last first. The first tile's step (first) also brings Q in.
   auto walk_tile = [&](int n, auto first) {
-    constexpr bool kFirst = decltype(first)::value;
     // Paged: the pages of the tile issued below, read under this tile's wait.
     const auto rows_ahead = kv.lookup(p, c, tiles, n - (kStages - 1), tid);
     cp_async_wait<kStages - 2>();
     kv.widen(n, tid);  // FP8 K/V: this thread's chunks of tile n (fp8 pipeline: the warp's copies seen)
-    if constexpr (kFirst && Traits::kQFp8) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with it
-    if constexpr (kFirst && Traits::kQRescaled) sc.scale_q(rescale_q_into_fp16<Traits>(sQ, q_max_bits, tid));
+    if (Traits::kQFp8 && first) convert_tile<Traits, kBlockM>(sQ, q_fp8, tid);  // Q landed with it
+    if (Traits::kQRescaled && first) sc.scale_q(rescale_q_into_fp16<Traits>(sQ, q_max_bits, tid));
     // Tile n (and, the first, Q) landed; every warp is done with tile n+1's stage. On the fp8
     // pipeline each warp copies and reads its own keys only (widen's warp barrier): the CTA
     // waits for Q alone.
-    if constexpr (kFirst || !Traits::kFp8Pipeline) __syncthreads();
+    if (!Traits::kFp8Pipeline || first) __syncthreads();
     issue_tile(n - (kStages - 1), rows_ahead);  // into tile n+1's stage
-    if constexpr (kFirst) math.load_q(0);  // keep Q in registers
+    if (first) math.load_q(0);  // keep Q in registers
     math.step(p, c, tiles, sc, n, /*stage=*/unsigned(n) % Traits::kStages);  // n >= tiles.lo >= 0
   };
-  if (any_tile) walk_tile(tiles.hi - 1, std::true_type{});
-  for (int n = tiles.hi - 2; n >= tiles.lo; --n) walk_tile(n, std::false_type{});
+  if constexpr (Traits::kFp8Pipeline) {
+    // The first tile apart (first: a compile-time true, then false), so that the loop carries
+    // no predicated Q reads (D-83). (Peeled the same way, the other pipelines' kernels spilled.)
+    if (any_tile) walk_tile(tiles.hi - 1, std::true_type{});
+    for (int n = tiles.hi - 2; n >= tiles.lo; --n) walk_tile(n, std::false_type{});
+  } else {
+    for (int n = tiles.hi - 1; n >= tiles.lo; --n) walk_tile(n, n == tiles.hi - 1);
+  }
 
   cp_async_wait<0>();
   // With cluster_combine the split's result stays here: O over the K/V buffers, LSE after the
