@@ -13,6 +13,7 @@
 #include "common/rules.h"
 #include "common/tuning.h"
 #include "cuda/components/cta_geometry.h"
+#include "cuda/components/fp8_operand_order.h"
 #include "cuda/components/warp_roles.h"
 
 namespace flashattn {
@@ -269,7 +270,11 @@ struct DecodeTraits
   // The column of O that an accumulator column c of the warps' O holds: c, except on the fp8
   // pipeline, whose P V reads each lane's V bytes in place (components/fp8_warp_kv.h, D-83).
   __host__ __device__ static constexpr int o_column(int c) {
-    return kFp8Pipeline ? (c % 8) * (kHeadDim / 8) + c / 8 : c;
+    if constexpr (kFp8Pipeline) {
+      return fwd::Fp8OperandOrder<kHeadDim>::o_column(c);
+    } else {
+      return c;
+    }
   }
 
   // Merge buffers: per warp and row its max and sum, and its O slab in fp32 (rows padded by 8

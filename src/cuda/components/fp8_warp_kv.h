@@ -36,6 +36,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/components/async_copy.h"
+#include "cuda/components/fp8_operand_order.h"
 #include "cuda/components/kv_pipeline.h"
 #include "cuda/components/online_softmax.h"
 #include "cuda/components/score_rules.h"
@@ -62,11 +63,9 @@ struct Fp8WarpKv : KvStages<Traits> {
   int row0;  // this lane's first row within a tile
   int col;   // its pieces' first column
 
-  // Byte offset of byte `byte` of row `row` in a stage: the 16-byte pieces of 128-byte line L
-  // swapped by L mod 8 (every stage starts on a line).
+  // Byte offset of byte `byte` of row `row` in a stage (every stage starts on a line).
   __device__ __forceinline__ static uint32_t stage_offset(int row, int byte) {
-    const uint32_t linear = uint32_t(row * kHeadDim + byte);
-    return linear ^ (((linear >> 7) & 7u) << 4);
+    return Fp8OperandOrder<kHeadDim>::stage_offset(row, byte);
   }
   __device__ __forceinline__ const uint8_t* k_stage(int n) const { return this->k_mirror(stage_of(n)); }
   __device__ __forceinline__ const uint8_t* v_stage(int n) const { return this->v_mirror(stage_of(n)); }
@@ -182,6 +181,7 @@ template <class Traits, class SmemQ>
 __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& kv, const SmemQ& sQ, int warp,
                                                        int lane) {
   using Kv = Fp8WarpKv<Traits>;
+  using Order = Fp8OperandOrder<Traits::kHeadDim>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kKeys = Traits::kKeysPerWarp;
@@ -200,8 +200,8 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
   constexpr int kKeyBlocks = kKeys / 8;     // 8-key column blocks of S
   constexpr int kKeySteps = kKeys / 16;     // MMA steps of P V
   constexpr int kDimBlocks = kHeadDim / 8;  // 8-dim column blocks of O
-  constexpr int kKBytes = kHeadDim / 4;     // a lane's bytes of a K row
-  constexpr int kVBytes = kHeadDim / 8;     // of a V row
+  constexpr int kKBytes = Order::kKBytes;   // a lane's bytes of a K row
+  constexpr int kVBytes = Order::kVBytes;   // of a V row
   constexpr int kKWordsPerRead = kKBytes < 16 ? kKBytes / 4 : 4;
   constexpr int kVWordsPerRead = kVBytes < 16 ? kVBytes / 4 : 4;
 
@@ -227,7 +227,7 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
       for (int s = 0; s < kDimSteps; ++s) {
         // Word by word, in the A operand's register order (two 8-byte reads would place top.x
         // and top.y side by side, and every MMA would need them moved).
-        const int col = t * kKBytes + 4 * s;
+        const int col = Order::k_byte(t, s);
         q[s][0] = *reinterpret_cast<const uint32_t*>(&sQ(g, col));
         q[s][1] = *reinterpret_cast<const uint32_t*>(&sQ(g + 8, col));
         q[s][2] = *reinterpret_cast<const uint32_t*>(&sQ(g, col + 2));
@@ -248,7 +248,7 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
         CUTE_UNROLL
         for (int s0 = 0; s0 < kDimSteps; s0 += kKWordsPerRead) {  // a 16-byte piece (or less) at a time
           uint32_t words[kKWordsPerRead];
-          read_stage_words<Kv, 4 * kKWordsPerRead>(k_stage, warp_row + 8 * j + g, t * kKBytes + 4 * s0, words);
+          read_stage_words<Kv, 4 * kKWordsPerRead>(k_stage, warp_row + 8 * j + g, Order::k_byte(t, s0), words);
           CUTE_UNROLL
           for (int s = s0; s < s0 + kKWordsPerRead; ++s) {
             const uint32_t word = words[s - s0];
@@ -281,7 +281,7 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
           CUTE_UNROLL
           for (int r = 0; r < 4; ++r) {
             const int row = warp_row + 16 * ks + 2 * t + (r % 2) + 8 * (r / 2);
-            read_stage_words<Kv, 4 * kVWordsPerRead>(v_stage, row, g * kVBytes + j0, v[r]);
+            read_stage_words<Kv, 4 * kVWordsPerRead>(v_stage, row, Order::v_byte(g, j0), v[r]);
           }
           CUTE_UNROLL
           for (int j = j0; j < j0 + 4 * kVWordsPerRead; ++j) {
