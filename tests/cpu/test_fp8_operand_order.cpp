@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <random>
 #include <set>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/components/fp8_operand_order.h"
@@ -181,27 +182,27 @@ void expect_no_bank_conflict(const uint32_t (&offset)[kLanes], const char* what)
   }
 }
 
+// Every head dim the pipeline serves (tuning.h fp8_warp_kv_head_dim).
+template <class Check>
+void for_each_head_dim(Check check) {
+  check(std::integral_constant<int, 32>{});
+  check(std::integral_constant<int, 64>{});
+  check(std::integral_constant<int, 128>{});
+  check(std::integral_constant<int, 256>{});
+}
+
 TEST(Fp8OperandOrder, StagePiecesStayWholeAndEveryByteHasItsPlace) {
-  check_stage_layout<32>();
-  check_stage_layout<64>();
-  check_stage_layout<128>();
-  check_stage_layout<256>();
+  for_each_head_dim([](auto d) { check_stage_layout<decltype(d)::value>(); });
 }
 
 TEST(Fp8OperandOrder, ScoresAreQTimesKTransposed) {
   std::mt19937 rng(83);
-  check_scores<32>(rng);
-  check_scores<64>(rng);
-  check_scores<128>(rng);
-  check_scores<256>(rng);
+  for_each_head_dim([&](auto d) { check_scores<decltype(d)::value>(rng); });
 }
 
 TEST(Fp8OperandOrder, OutputIsPTimesVAtTheMergedColumns) {
   std::mt19937 rng(84);
-  check_output<32>(rng);
-  check_output<64>(rng);
-  check_output<128>(rng);
-  check_output<256>(rng);
+  for_each_head_dim([&](auto d) { check_output<decltype(d)::value>(rng); });
 }
 
 // fp8_warp_kv.h reads d = 128's operands as 16-byte pieces: K's piece h of key 8j + g from
