@@ -21,6 +21,7 @@ using flashattn::cuda::fwd::Fp8OperandOrder;
 
 constexpr int kLanes = 32;
 constexpr int kRows = 16;  // the MMA's rows (query rows)
+constexpr int kKeys = 16;  // a warp's keys of a tile at d = 128 (one 16-key step of P V)
 
 // Small integers: every product and sum below is exact in float.
 std::vector<float> random_values(size_t n, std::mt19937& rng) {
@@ -98,7 +99,6 @@ void check_stage_layout() {
 template <int kHeadDim>
 void check_scores(std::mt19937& rng) {
   using Order = Fp8OperandOrder<kHeadDim>;
-  constexpr int kKeys = 16;
   const std::vector<float> q = random_values(size_t(kRows) * kHeadDim, rng);
   const std::vector<float> k = random_values(size_t(kKeys) * kHeadDim, rng);
   const std::vector<int8_t> stage = stage_of<kHeadDim>(k, kKeys);
@@ -133,7 +133,6 @@ void check_scores(std::mt19937& rng) {
 template <int kHeadDim>
 void check_output(std::mt19937& rng) {
   using Order = Fp8OperandOrder<kHeadDim>;
-  constexpr int kKeys = 16;
   const std::vector<float> p = random_values(size_t(kRows) * kKeys, rng);
   const std::vector<float> v = random_values(size_t(kKeys) * kHeadDim, rng);
   const std::vector<int8_t> stage = stage_of<kHeadDim>(v, kKeys);
