@@ -41,6 +41,19 @@ std::vector<int8_t> stage_of(const std::vector<float>& rows_by_d, int rows) {
   return stage;
 }
 
+// A product's operands: the rows' left one (kRows x left_cols), the keys' right one
+// (kKeys x kHeadDim) and its stage.
+struct Operands {
+  std::vector<float> left, right;
+  std::vector<int8_t> stage;
+};
+template <int kHeadDim>
+Operands random_operands(int left_cols, std::mt19937& rng) {
+  Operands out{random_values(size_t(kRows) * left_cols, rng), random_values(size_t(kKeys) * kHeadDim, rng), {}};
+  out.stage = stage_of<kHeadDim>(out.right, kKeys);
+  return out;
+}
+
 // One m16n8k16 MMA from operands the lanes hold: a[lane][4][2] and b[lane][2][2] (register,
 // half) assembled into A (16 x 16) and B (16 x 8) by the fragment layouts, each element once;
 // d (16 x 8) += A B.
@@ -99,9 +112,7 @@ void check_stage_layout() {
 template <int kHeadDim>
 void check_scores(std::mt19937& rng) {
   using Order = Fp8OperandOrder<kHeadDim>;
-  const std::vector<float> q = random_values(size_t(kRows) * kHeadDim, rng);
-  const std::vector<float> k = random_values(size_t(kKeys) * kHeadDim, rng);
-  const std::vector<int8_t> stage = stage_of<kHeadDim>(k, kKeys);
+  const auto [q, k, stage] = random_operands<kHeadDim>(kHeadDim, rng);
   for (int j = 0; j < kKeys / 8; ++j) {
     float d[kRows][8] = {};
     for (int s = 0; s < kHeadDim / 16; ++s) {
@@ -133,9 +144,7 @@ void check_scores(std::mt19937& rng) {
 template <int kHeadDim>
 void check_output(std::mt19937& rng) {
   using Order = Fp8OperandOrder<kHeadDim>;
-  const std::vector<float> p = random_values(size_t(kRows) * kKeys, rng);
-  const std::vector<float> v = random_values(size_t(kKeys) * kHeadDim, rng);
-  const std::vector<int8_t> stage = stage_of<kHeadDim>(v, kKeys);
+  const auto [p, v, stage] = random_operands<kHeadDim>(kKeys, rng);
   std::vector<float> o(size_t(kRows) * kHeadDim, 0.0f);
   std::vector<int> written(size_t(kRows) * kHeadDim, 0);
   for (int j = 0; j < kHeadDim / 8; ++j) {
