@@ -105,6 +105,17 @@ void check_stage_layout() {
     }
   }
   EXPECT_EQ(offsets.size(), size_t(kTileRows * kHeadDim)) << "d = " << kHeadDim;
+  // fp8_warp_kv.h copy_tile: lane l's copy i (row l / pieces + i * 32 / pieces, piece l % pieces)
+  // lies 512 i bytes past its copy 0, bit 6 flipped where i is odd.
+  constexpr int kPieces = kHeadDim / 16, kRowStep = 32 / kPieces;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int row0 = lane / kPieces, col = 16 * (lane % kPieces);
+    const uint32_t first = Order::stage_offset(row0, col);
+    for (int i = 0; row0 + i * kRowStep < kTileRows; ++i) {
+      EXPECT_EQ(Order::stage_offset(row0 + i * kRowStep, col), (i % 2 ? first ^ 64u : first) + uint32_t(512 * i))
+          << "d = " << kHeadDim << ", lane " << lane << ", copy " << i;
+    }
+  }
 }
 
 // S = Q K^T over a warp's 16 keys: lane (g, t) of 8-key block j reads key 8j + g's 4 bytes at

@@ -56,17 +56,12 @@ struct Fp8WarpKv : KvStages<Traits> {
   static_assert(Traits::kFp8Pipeline && Traits::kKvFp8 && !Traits::kWarpsSplitDims, "keys split, e4m3 K/V");
   static_assert(32 % kPiecesPerRow == 0 && Traits::kKeysPerWarp % kRowStep == 0, "whole rows per pass");
   static_assert(Traits::kKvBuffers == 0, "no Element K/V buffer: the operands are read from the stages");
-  // Copy i + 1 lies 512 bytes (4 lines) past copy i, so its pieces' swap differs in bit 6 (copy_tile).
-  static_assert(kRowStep * kHeadDim == 512, "32 pieces per pass");
+  using Order = Fp8OperandOrder<kHeadDim>;
   using Rows = PageRows<kCopies>;
 
   int row0;  // this lane's first row within a tile
   int col;   // its pieces' first column
 
-  // Byte offset of byte `byte` of row `row` in a stage (every stage starts on a line).
-  __device__ __forceinline__ static uint32_t stage_offset(int row, int byte) {
-    return Fp8OperandOrder<kHeadDim>::stage_offset(row, byte);
-  }
   __device__ __forceinline__ const uint8_t* k_stage(int n) const { return this->k_mirror(stage_of(n)); }
   __device__ __forceinline__ const uint8_t* v_stage(int n) const { return this->v_mirror(stage_of(n)); }
 
@@ -105,8 +100,11 @@ struct Fp8WarpKv : KvStages<Traits> {
     const uint8_t* base = static_cast<const uint8_t*>(kIsV ? p.v : p.k);
     const int64_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
     const int bytes = max(0, min(16, p.head_dim - col));  // head_dim: a multiple of 8
-    const uint32_t first = static_cast<uint32_t>(__cvta_generic_to_shared(mirror)) + stage_offset(row0, col);
-    auto dst = [&](int i) { return (i % 2 ? first ^ 64u : first) + uint32_t(i * kRowStep * kHeadDim); };
+    // Copy i lies i * 512 bytes (4 lines) past copy 0, so its pieces' swap (Order::stage_offset)
+    // differs from copy 0's in bit 6 when i is odd: two offsets, not one per copy.
+    static_assert(kRowStep * kHeadDim == 512, "32 pieces per pass");
+    const uint32_t first = static_cast<uint32_t>(__cvta_generic_to_shared(mirror)) + Order::stage_offset(row0, col);
+    auto dst = [&](int i) { return (i % 2 ? first ^ 64u : first) + uint32_t(i * 512); };
     if (!reads_page_table<Traits>(p)) {
       const int j0 = n * Traits::kBlockN + row0;  // this lane's first key
       const uint8_t* src = base + kv_row_offset(p, c.seq, c.b, j0, kIsV ? p.v_batch_stride : p.k_batch_stride,
@@ -136,32 +134,21 @@ struct Fp8WarpKv : KvStages<Traits> {
   }
 };
 
-// kBytes bytes (4, 8 or a multiple of 16) of row `row` of a stage from byte `byte` on (which
-// lies in one 16-byte piece when kBytes < 16), as little-endian words.
-template <class Kv, int kBytes>
-__device__ __forceinline__ void read_stage_words(const uint8_t* stage, int row, int byte,
-                                                 uint32_t (&words)[kBytes / 4]) {
-  if constexpr (kBytes >= 16) {
-    static_assert(kBytes % 16 == 0, "whole pieces");
-    CUTE_UNROLL
-    for (int i = 0; i < kBytes / 16; ++i) {
-      const uint4 w = *reinterpret_cast<const uint4*>(stage + Kv::stage_offset(row, byte + 16 * i));
-      words[4 * i] = w.x, words[4 * i + 1] = w.y, words[4 * i + 2] = w.z, words[4 * i + 3] = w.w;
-    }
-  } else if constexpr (kBytes == 8) {
-    const uint2 w = *reinterpret_cast<const uint2*>(stage + Kv::stage_offset(row, byte));
+// kWords (1, 2 or 4) little-endian words of row `row` of a stage from byte `byte` on, within
+// one 16-byte piece.
+template <class Order, int kWords>
+__device__ __forceinline__ void read_stage_words(const uint8_t* stage, int row, int byte, uint32_t (&words)[kWords]) {
+  const uint8_t* at = stage + Order::stage_offset(row, byte);
+  if constexpr (kWords == 4) {
+    const uint4 w = *reinterpret_cast<const uint4*>(at);
+    words[0] = w.x, words[1] = w.y, words[2] = w.z, words[3] = w.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 w = *reinterpret_cast<const uint2*>(at);
     words[0] = w.x, words[1] = w.y;
   } else {
-    static_assert(kBytes == 4, "4, 8 or whole pieces");
-    words[0] = *reinterpret_cast<const uint32_t*>(stage + Kv::stage_offset(row, byte));
+    static_assert(kWords == 1, "1, 2 or 4 words: one piece at most");
+    words[0] = *reinterpret_cast<const uint32_t*>(at);
   }
-}
-
-// The e4m3 pair in half `half` (0: low two bytes) of a word, as an fp16 pair (exact).
-template <int half>
-__device__ __forceinline__ uint32_t e4m3_pair_to_half2(uint32_t word) {
-  const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * half)), __NV_E4M3));
-  return reinterpret_cast<const uint32_t&>(h);
 }
 
 // One m16n8k16 MMA into the four accumulators of an 8-column block (fp16 operands, fp32 sums).
@@ -181,7 +168,7 @@ template <class Traits, class SmemQ>
 __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& kv, const SmemQ& sQ, int warp,
                                                        int lane) {
   using Kv = Fp8WarpKv<Traits>;
-  using Order = Fp8OperandOrder<Traits::kHeadDim>;
+  using Order = typename Kv::Order;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kKeys = Traits::kKeysPerWarp;
@@ -248,11 +235,11 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
         CUTE_UNROLL
         for (int s0 = 0; s0 < kDimSteps; s0 += kKWordsPerRead) {  // a 16-byte piece (or less) at a time
           uint32_t words[kKWordsPerRead];
-          read_stage_words<Kv, 4 * kKWordsPerRead>(k_stage, warp_row + 8 * j + g, Order::k_byte(t, s0), words);
+          read_stage_words<Order>(k_stage, warp_row + 8 * j + g, Order::k_byte(t, s0), words);
           CUTE_UNROLL
           for (int s = s0; s < s0 + kKWordsPerRead; ++s) {
             const uint32_t word = words[s - s0];
-            mma_into_block(acc_s(_, 0, j), q[s], e4m3_pair_to_half2<0>(word), e4m3_pair_to_half2<1>(word));
+            mma_into_block(acc_s(_, 0, j), q[s], e4m3_pair_to_half2(word, 0), e4m3_pair_to_half2(word, 1));
           }
         }
       }
@@ -281,7 +268,7 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
           CUTE_UNROLL
           for (int r = 0; r < 4; ++r) {
             const int row = warp_row + 16 * ks + 2 * t + (r % 2) + 8 * (r / 2);
-            read_stage_words<Kv, 4 * kVWordsPerRead>(v_stage, row, Order::v_byte(g, j0), v[r]);
+            read_stage_words<Order>(v_stage, row, Order::v_byte(g, j0), v[r]);
           }
           CUTE_UNROLL
           for (int j = j0; j < j0 + 4 * kVWordsPerRead; ++j) {
@@ -290,9 +277,7 @@ __device__ __forceinline__ auto make_fp8_fragment_math(const Fp8WarpKv<Traits>& 
             const uint32_t selector = j % 4 < 2 ? 0x5140u : 0x7362u;
             const uint32_t first = __byte_perm(v[0][w], v[1][w], selector);
             const uint32_t second = __byte_perm(v[2][w], v[3][w], selector);
-            const uint32_t b0 = j % 2 ? e4m3_pair_to_half2<1>(first) : e4m3_pair_to_half2<0>(first);
-            const uint32_t b1 = j % 2 ? e4m3_pair_to_half2<1>(second) : e4m3_pair_to_half2<0>(second);
-            mma_into_block(acc_o(_, 0, j), a, b0, b1);
+            mma_into_block(acc_o(_, 0, j), a, e4m3_pair_to_half2(first, j % 2), e4m3_pair_to_half2(second, j % 2));
           }
         }
       }

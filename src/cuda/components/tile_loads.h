@@ -220,19 +220,25 @@ __device__ __forceinline__ void load_q(const AttnParams& p, const int64_t* q_off
 // the loads above, into mirror) it waited for, widened from e4m3 into the Element tile sX. The
 // chunks are the ones the same thread copied, so no barrier separates its copies' landing
 // from this; the barrier after it publishes the tile.
+// The e4m3 pair in half `half` (0: its low two bytes) of a word, as an fp16 pair (exact).
+__device__ __forceinline__ uint32_t e4m3_pair_to_half2(uint32_t word, int half) {
+  const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * half)), __NV_E4M3));
+  return reinterpret_cast<const uint32_t&>(h);
+}
+
 template <class Element>
 __device__ __forceinline__ uint4 widen_e4m3x8(uint2 bytes) {
   const uint32_t words[2] = {bytes.x, bytes.y};
   uint32_t out[4];
   CUTE_UNROLL
   for (int i = 0; i < 4; ++i) {
-    const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t(words[i / 2] >> (16 * (i % 2)));
-    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+    const uint32_t pair = e4m3_pair_to_half2(words[i / 2], i % 2);
     if constexpr (std::is_same_v<Element, cutlass::half_t>) {
-      out[i] = reinterpret_cast<const uint32_t&>(h);
+      out[i] = pair;
     } else {
       static_assert(std::is_same_v<Element, cutlass::bfloat16_t>, "bf16 or fp16 tiles");
-      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));  // exact: e4m3 values are bf16 values
+      const __nv_bfloat162 b =
+          __float22bfloat162_rn(__half22float2(reinterpret_cast<const __half2&>(pair)));  // exact: e4m3 values are bf16 values
       out[i] = reinterpret_cast<const uint32_t&>(b);
     }
   }
