@@ -298,9 +298,12 @@ FA_HD int query_tile_rows_for(int64_t rows) {
   return rows <= kQueryTileRowsShort ? kQueryTileRowsShort : kQueryTileRows;
 }
 
-FA_HD int query_tile_rows(const AttnParams& p) {
-  return query_tile_rows_for(int64_t(p.seqlen_q) * (p.pack_gqa ? p.num_heads / p.num_heads_k : 1));
+// Query rows of one unit (units_per_sequence): its queries, times the heads packed with GQA.
+FA_HD int64_t unit_query_rows(const AttnParams& p) {
+  return int64_t(p.seqlen_q) * (p.pack_gqa ? heads_per_kv_head(p) : 1);
 }
+
+FA_HD int query_tile_rows(const AttnParams& p) { return query_tile_rows_for(unit_query_rows(p)); }
 
 // ---- split-KV ----------------------------------------------------------------------------
 

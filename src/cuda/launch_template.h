@@ -64,8 +64,7 @@ void launch_tile_grid(const AttnParams& p, const KernelChoice& choice, cudaStrea
                                           std::to_string(p.head_dim) + ") is not a multiple of kBlockN = " +
                                           std::to_string(Traits::kBlockN));
   }
-  const int rows_per_query = p.pack_gqa ? p.num_heads / p.num_heads_k : 1;
-  const int64_t rows = int64_t(p.seqlen_q) * rows_per_query;
+  const int64_t rows = unit_query_rows(p);
   const int64_t m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t units = int64_t(p.batch) * units_per_sequence(p);
   if (m_blocks == 0 || units == 0 || p.num_splits < 1) return;  // nothing to compute

@@ -627,6 +627,17 @@ std::vector<KVCase> kvcache_cases(Device device) {
     c.num_splits = d == 32 ? 3 : 0;
     add(c);
   }
+  // FP8 caches under GQA packing of other sizes: 8 heads of one query (8 rows), 3 causal queries
+  // of 2 heads (6 rows; paged, split), 3 queries of 3 heads (9 rows).
+  for (const auto& [h, sq, page] : std::vector<std::tuple<int, int, int>>{{16, 1, 0}, {4, 3, 16}, {6, 3, 0}}) {
+    KVCase c = decode(device, DType::bf16, 2, h, 2, 128, 339, sq);
+    c.sq = sq;
+    if (sq > 1) c.f = causal();
+    c.fp8_cache = Fp8::per_head;
+    c.page_size = page;
+    c.num_splits = h == 4 ? 3 : 0;
+    add(c);
+  }
   return v;
 }
 
