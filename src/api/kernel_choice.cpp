@@ -77,15 +77,22 @@ bool serves_heads(const Problem& p, const DeviceFacts& d, const Work& w, const K
 
 // ---- decode ------------------------------------------------------------------------------------
 
-// The deep pipeline's plan (D-16, D-17): few units with short walks get the heuristic's split
-// count over the SMs (one CTA each), and the deep pipeline where the walks stay >= 3 tiles.
-void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
-  const bool few_units = double(w.work_tiles) < kDeepFewUnitsFraction * d.sms;
-  if (requested != 0 || !serves_deep(p, d) || !few_units || c.num_splits <= 1 ||
-      ceil_div(w.key_tiles, c.num_splits) > kDeepDecodeMaxTiles) {
-    return;
+// Few units with short walks get the heuristic's split count over the SMs (one CTA each; D-16,
+// D-84), where no split count was asked for; true where this applies.
+bool plan_few_unit_splits(const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
+  const bool few_units = double(w.work_tiles) < kFewUnitsFraction * d.sms;
+  if (requested != 0 || !d.sm90 || !few_units || c.num_splits <= 1 ||
+      ceil_div(w.key_tiles, c.num_splits) > kFewUnitsMaxTiles) {
+    return false;
   }
   c.num_splits = num_splits_heuristic(int(w.work_tiles), d.sms, w.key_tiles, kMaxSplits);
+  return true;
+}
+
+// The deep pipeline's plan (D-16, D-17): few units with short walks get their split count above,
+// and the deep pipeline where the walks stay >= 3 tiles.
+void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
+  if (!serves_deep(p, d) || !plan_few_unit_splits(d, w, requested, c)) return;
   c.deep_pipeline = ceil_div(w.key_tiles, c.num_splits) >= kDeepDecodeMinTiles;
 }
 
@@ -93,7 +100,8 @@ void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, i
 // not serve the call.
 bool choose_decode_kernel(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
                           KernelChoice& c) {
-  if (p.fp8) {  // the splitkeys kernel on its standard pipeline reads e4m3 (launch_template.h run_fwd_fp8)
+  if (p.fp8) {  // the splitkeys kernel reads e4m3 (launch_template.h run_fwd_fp8)
+    plan_few_unit_splits(d, w, requested, c);  // D-84
     c.kernel = Kernel::splitkeys;
     return forced == Kernel::automatic || forced == Kernel::splitkeys;
   }

@@ -24,11 +24,15 @@ constexpr int kCtasPerSm = 2;
 
 // ---- decode (at most 16 query rows per unit) ----------------------------------------------------
 
-// The deep pipeline (five K/V stages, one CTA per SM) for contiguous decode tiles with units for
-// fewer than a quarter of the SMs whose default plan splits into walks of at most 16 key tiles:
-// batch 1 gains 3-7% (D-16). Its split count is FlashAttention-2's heuristic over the SMs.
-constexpr int kDeepDecodeMaxTiles = 16;
-constexpr double kDeepFewUnitsFraction = 0.25;
+// Few units with short walks: units for fewer than a quarter of the SMs whose default plan splits
+// into walks of at most 16 key tiles take FlashAttention-2's split heuristic over the SMs (one
+// CTA each) rather than over kCtasPerSm CTAs per SM: for the deep pipeline below (D-16), and
+// for the fp8 decode pipeline, whose batch-1 4k call ran 10% faster in 16 splits than in 32
+// (D-84).
+constexpr int kFewUnitsMaxTiles = 16;
+constexpr double kFewUnitsFraction = 0.25;
+// The deep pipeline (five K/V stages, one CTA per SM) for contiguous decode tiles of few units
+// with short walks (above): batch 1 gains 3-7% (D-16).
 // ... but where that leaves walks shorter than three tiles the default pipeline runs them at the
 // same split count: 0.3-0.5 us faster at 1 x 2k and 2 x 1k (D-17).
 constexpr int kDeepDecodeMinTiles = 3;

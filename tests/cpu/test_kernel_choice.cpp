@@ -144,6 +144,29 @@ namespace {
 
 // tuning.h keys_suit_96_key_tile (d = 64 prefill on sm_90): the 96-key tile unless its padding
 // of the keys exceeds the 64-key tile's by more than 5%.
+// FP8 caches (D-84): few units with short walks take the deep plan's split count on the splitkeys
+// kernel, paged or not; other calls keep the default plan.
+TEST(PlanFp8Decode, FewUnitsWithShortWalksSplitOverTheSms) {
+  Problem p = decode(1, 4096);  // 8 units, 64 tiles: 32 splits by default, 16 over the SMs
+  p.fp8 = true;
+  const Plan fp8 = plan_of(p);
+  EXPECT_EQ(fp8.kernel, Kernel::splitkeys);
+  EXPECT_FALSE(fp8.deep_pipeline);
+  EXPECT_EQ(fp8.num_splits, 16);
+  EXPECT_EQ(plan_of(decode(1, 4096)).num_splits, 16);  // the bf16 plan's count, on the dims kernel
+  p.paged = true;
+  EXPECT_EQ(plan_of(p).num_splits, 16);
+  EXPECT_EQ(plan_of(p, /*requested=*/32).num_splits, 32);
+  EXPECT_EQ(plan_of(p, 0, /*deep_sms=*/0).num_splits, 32);  // not sm_90: the default plan
+  Problem batch8 = decode(8, 1024);  // 64 units: not few
+  batch8.fp8 = true;
+  EXPECT_EQ(plan_of(batch8).num_splits, flashattn::num_splits_heuristic(64, kProcessors, 16, flashattn::kMaxSplits));
+  Problem long_walks = decode(1, 65536);  // 32 splits of 32 tiles: walks too long
+  long_walks.fp8 = true;
+  EXPECT_EQ(plan_of(long_walks).num_splits,
+            flashattn::num_splits_heuristic(8, kProcessors, 1024, flashattn::kMaxSplits));
+}
+
 TEST(WgmmaTileRule, NinetySixKeysWhereTheyDoNotPadTheKeys) {
   EXPECT_FALSE(flashattn::keys_suit_96_key_tile(512));   // 576 against 512 keys of work
   EXPECT_TRUE(flashattn::keys_suit_96_key_tile(1024));   // 1056 against 1024: 3%
