@@ -27,7 +27,7 @@ constexpr int kCtasPerSm = 2;
 // Few units with short walks: units for fewer than a quarter of the SMs whose default plan splits
 // into walks of at most 16 key tiles take FlashAttention-2's split heuristic over the SMs (one
 // CTA each) rather than over kCtasPerSm CTAs per SM: for the deep pipeline below (D-16), and
-// for the fp8 decode pipeline, whose batch-1 4k call ran 10% faster in 16 splits than in 32
+// for the fp8 decode pipeline, whose batch-1 4k call ran 3-11% faster in 16 splits than in 32
 // (D-84).
 constexpr int kFewUnitsMaxTiles = 16;
 constexpr double kFewUnitsFraction = 0.25;
