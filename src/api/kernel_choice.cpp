@@ -77,12 +77,11 @@ bool serves_heads(const Problem& p, const DeviceFacts& d, const Work& w, const K
 
 // ---- decode ------------------------------------------------------------------------------------
 
-// Few units with short walks get the heuristic's split count over the SMs (one CTA each; D-16,
-// D-84), where no split count was asked for; true where this applies.
-bool plan_few_unit_splits(const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
+// Few units with walks of at most max_tiles get the heuristic's split count over the SMs (one
+// CTA each; D-16, D-84), where no split count was asked for; true where this applies.
+bool plan_few_unit_splits(const DeviceFacts& d, const Work& w, int requested, int max_tiles, KernelChoice& c) {
   const bool few_units = double(w.work_tiles) < kFewUnitsFraction * d.sms;
-  if (requested != 0 || !d.sm90 || !few_units || c.num_splits <= 1 ||
-      ceil_div(w.key_tiles, c.num_splits) > kFewUnitsMaxTiles) {
+  if (requested != 0 || !d.sm90 || !few_units || c.num_splits <= 1 || ceil_div(w.key_tiles, c.num_splits) > max_tiles) {
     return false;
   }
   c.num_splits = num_splits_heuristic(int(w.work_tiles), d.sms, w.key_tiles, kMaxSplits);
@@ -92,7 +91,7 @@ bool plan_few_unit_splits(const DeviceFacts& d, const Work& w, int requested, Ke
 // The deep pipeline's plan (D-16, D-17): few units with short walks get their split count above,
 // and the deep pipeline where the walks stay >= 3 tiles.
 void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
-  if (!serves_deep(p, d) || !plan_few_unit_splits(d, w, requested, c)) return;
+  if (!serves_deep(p, d) || !plan_few_unit_splits(d, w, requested, kFewUnitsMaxTiles, c)) return;
   c.deep_pipeline = ceil_div(w.key_tiles, c.num_splits) >= kDeepDecodeMinTiles;
 }
 
@@ -101,7 +100,7 @@ void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, i
 bool choose_decode_kernel(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
                           KernelChoice& c) {
   if (p.fp8) {  // the splitkeys kernel reads e4m3 (launch_template.h run_fwd_fp8)
-    plan_few_unit_splits(d, w, requested, c);  // D-84
+    plan_few_unit_splits(d, w, requested, kFp8FewUnitsMaxTiles, c);  // D-84
     c.kernel = Kernel::splitkeys;
     return forced == Kernel::automatic || forced == Kernel::splitkeys;
   }

@@ -25,11 +25,13 @@ constexpr int kCtasPerSm = 2;
 // ---- decode (at most 16 query rows per unit) ----------------------------------------------------
 
 // Few units with short walks: units for fewer than a quarter of the SMs whose default plan splits
-// into walks of at most 16 key tiles take FlashAttention-2's split heuristic over the SMs (one
-// CTA each) rather than over kCtasPerSm CTAs per SM: for the deep pipeline below (D-16), and
-// for the fp8 decode pipeline, whose batch-1 4k call ran 3-11% faster in 16 splits than in 32
-// (D-84).
+// into walks of at most kFewUnitsMaxTiles key tiles take FlashAttention-2's split heuristic over
+// the SMs (one CTA each) rather than over kCtasPerSm CTAs per SM: for the deep pipeline below
+// (D-16), and for an FP8 cache where those walks are at most kFp8FewUnitsMaxTiles: its batch-1
+// 4k call ran 3-11% faster in 16 splits than in 32, but 1 x 16k (29 splits of 9 tiles, 14 over
+// the SMs) lost 3% contiguous and 20% on pages of 16 (D-84).
 constexpr int kFewUnitsMaxTiles = 16;
+constexpr int kFp8FewUnitsMaxTiles = 4;
 constexpr double kFewUnitsFraction = 0.25;
 // The deep pipeline (five K/V stages, one CTA per SM) for contiguous decode tiles of few units
 // with short walks (above): batch 1 gains 3-7% (D-16).
