@@ -100,7 +100,11 @@ void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, i
 bool choose_decode_kernel(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
                           KernelChoice& c) {
   if (p.fp8) {  // the splitkeys kernel reads e4m3 (launch_template.h run_fwd_fp8)
-    plan_few_unit_splits(d, w, requested, kFp8FewUnitsMaxTiles, c);  // D-84
+    KernelChoice few = c;  // D-84: the count over the SMs where walks are short under both counts
+    if (plan_few_unit_splits(d, w, requested, kFp8FewUnitsMaxTiles, few) &&
+        ceil_div(w.key_tiles, few.num_splits) <= kFp8FewUnitsMaxTiles) {
+      c = few;
+    }
     c.kernel = Kernel::splitkeys;
     return forced == Kernel::automatic || forced == Kernel::splitkeys;
   }

@@ -27,9 +27,9 @@ constexpr int kCtasPerSm = 2;
 // Few units with short walks: units for fewer than a quarter of the SMs whose default plan splits
 // into walks of at most kFewUnitsMaxTiles key tiles take FlashAttention-2's split heuristic over
 // the SMs (one CTA each) rather than over kCtasPerSm CTAs per SM: for the deep pipeline below
-// (D-16), and for an FP8 cache where those walks are at most kFp8FewUnitsMaxTiles: its batch-1
-// 4k call ran 3-11% faster in 16 splits than in 32, but 1 x 16k (29 splits of 9 tiles, 14 over
-// the SMs) lost 3% contiguous and 20% on pages of 16 (D-84).
+// (D-16), and for an FP8 cache where the walks are at most kFp8FewUnitsMaxTiles under both split
+// counts: its batch-1 4k call ran 3-11% faster in 16 splits than in 32, but 1 x 16k (29 splits of
+// 9 tiles, 14 of 19 over the SMs) lost 3% contiguous and 20% on pages of 16 (D-84).
 constexpr int kFewUnitsMaxTiles = 16;
 constexpr int kFp8FewUnitsMaxTiles = 4;
 constexpr double kFewUnitsFraction = 0.25;

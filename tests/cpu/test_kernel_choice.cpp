@@ -144,8 +144,8 @@ namespace {
 
 // tuning.h keys_suit_96_key_tile (d = 64 prefill on sm_90): the 96-key tile unless its padding
 // of the keys exceeds the 64-key tile's by more than 5%.
-// FP8 caches (D-84): few units with walks of at most 4 tiles take the deep plan's split count on
-// the splitkeys kernel, paged or not; other calls keep the default plan.
+// FP8 caches (D-84): few units with walks of at most 4 tiles under both counts take the deep plan's
+// split count on the splitkeys kernel, paged or not; other calls keep the default plan.
 TEST(PlanFp8Decode, FewUnitsWithShortWalksSplitOverTheSms) {
   Problem p = decode(1, 4096);  // 8 units, 64 tiles: 32 splits by default, 16 over the SMs
   p.fp8 = true;
@@ -161,6 +161,9 @@ TEST(PlanFp8Decode, FewUnitsWithShortWalksSplitOverTheSms) {
   Problem batch8 = decode(8, 1024);  // 64 units: not few
   batch8.fp8 = true;
   EXPECT_EQ(plan_of(batch8).num_splits, flashattn::num_splits_heuristic(64, kProcessors, 16, flashattn::kMaxSplits));
+  Problem longer_walks = decode(2, 4096);  // 16 splits of 4 tiles, but 7 of 10 over the SMs
+  longer_walks.fp8 = true;
+  EXPECT_EQ(plan_of(longer_walks).num_splits, 16);
   Problem long_walks = decode(1, 16384);  // 29 splits of 9 tiles: walks too long
   long_walks.fp8 = true;
   EXPECT_EQ(plan_of(long_walks).num_splits, 29);
