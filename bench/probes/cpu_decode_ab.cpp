@@ -10,7 +10,8 @@
 //   for i in 1 2 3; do for lib in /tmp/base /tmp/new; do
 //     LD_LIBRARY_PATH=$lib FLASHATTN_KERNEL=automatic,cpu=avx2 /tmp/decode_ab; done; done
 //
-// Arguments: [repeat (5)] [points: a subset such as "1x4k/16,8x32k/0" (all)] [threads (0: all)].
+// Arguments: [repeat (5)] [points: a subset such as "1x4k/16,8x32k/0" (all)] [threads (0: all)]
+// [num_splits (0: the library's choice)].
 #include <flashattn/flashattn.h>
 
 #include <algorithm>
@@ -80,7 +81,7 @@ double sum_gbs(size_t bytes, int threads, int repeat) {
   return bytes / s / 1e9;
 }
 
-void point(int b, int ctx, int page, int repeat, int threads) {
+void point(int b, int ctx, int page, int repeat, int threads, int splits) {
   using flashattn::DType;
   using flashattn::Tensor;
   const size_t kv_elems = size_t(b) * ctx * kKvHeads * kHeadDim;
@@ -90,6 +91,7 @@ void point(int b, int ctx, int page, int repeat, int threads) {
   std::vector<int32_t> seqlens(b, ctx), table;
   flashattn::KVCacheArgs args;
   args.cache_seqlens = Tensor::contiguous(seqlens.data(), DType::i32, {b});
+  args.num_splits = splits;
   Tensor tk, tv;
   if (page == 0) {
     tk = Tensor::contiguous(k.data(), DType::bf16, {b, ctx, kKvHeads, kHeadDim});
@@ -128,12 +130,13 @@ int main(int argc, char** argv) {
   const int repeat = argc > 1 ? std::atoi(argv[1]) : 5;
   const std::string only = argc > 2 ? argv[2] : "";
   const int threads = argc > 3 ? std::atoi(argv[3]) : 0;
+  const int splits = argc > 4 ? std::atoi(argv[4]) : 0;
   for (int b : {1, 8}) {
     for (int ctx : {4096, 32768}) {
       for (int page : {0, kPage}) {
         const std::string name = std::to_string(b) + "x" + std::to_string(ctx / 1024) + "k/" + std::to_string(page);
         if (!only.empty() && only.find(name) == std::string::npos) continue;
-        point(b, ctx, page, repeat, threads);
+        point(b, ctx, page, repeat, threads, splits);
       }
     }
   }
