@@ -6,12 +6,16 @@
 // next to a one-thread plain C sum over as many fp32 bytes. Build it against each library and
 // run the two binaries in turns (one process each, several rounds), e.g.
 //
-//   g++ -O2 -std=c++17 -Iinclude bench/probes/cpu_decode_ab.cpp -Lbuild/cpu -lflashattn -o /tmp/decode_ab
+//   g++ -O2 -std=c++17 -Iinclude bench/probes/cpu_decode_ab.cpp -Lbuild/cpu -lflashattn -ldl -o /tmp/decode_ab
 //   for i in 1 2 3; do for lib in /tmp/base /tmp/new; do
 //     LD_LIBRARY_PATH=$lib FLASHATTN_KERNEL=automatic,cpu=avx2 /tmp/decode_ab; done; done
 //
 // Arguments: [repeat (5)] [points: a subset such as "1x4k/16,8x32k/0" (all)] [threads (0: all)]
-// [num_splits (0: the library's choice)].
+// [num_splits (0: the library's choice)]. With FLASHATTN_AB="libA.so libB.so" in the environment
+// the probe loads both libraries (dlopen) and times their forward_kvcache in turns, call by call
+// within each point (A, B, A, B, ...), so that the shared machine's drifts touch both alike; it
+// prints both and the ratio of their best times (A / B).
+#include <dlfcn.h>
 #include <flashattn/flashattn.h>
 
 #include <algorithm>
@@ -42,6 +46,31 @@ std::vector<uint16_t> random_bf16(size_t n, unsigned seed) {
   std::vector<uint16_t> x(n);
   for (auto& e : x) e = bf16_of(normal(rng));
   return x;
+}
+
+using ForwardKvcache = void (*)(const flashattn::Tensor&, const flashattn::Tensor&, const flashattn::Tensor&,
+                               const flashattn::Tensor&, const flashattn::KVCacheArgs&,
+                               const flashattn::AttentionOptions&);
+std::vector<ForwardKvcache> ab_calls;  // FLASHATTN_AB's libraries, in order
+std::vector<std::string> ab_names;
+
+void load_ab() {
+  const char* env = std::getenv("FLASHATTN_AB");
+  if (env == nullptr) return;
+  std::string list = env;
+  for (size_t at = 0; at < list.size();) {
+    size_t end = list.find(' ', at);
+    if (end == std::string::npos) end = list.size();
+    const std::string path = list.substr(at, end - at);
+    at = end + 1;
+    if (path.empty()) continue;
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) std::fprintf(stderr, "%s\n", dlerror()), std::exit(1);
+    auto fn = reinterpret_cast<ForwardKvcache>(
+        dlsym(lib, "_ZN9flashattn15forward_kvcacheERKNS_6TensorES2_S2_S2_RKNS_11KVCacheArgsERKNS_16AttentionOptionsE"));
+    if (fn == nullptr) std::fprintf(stderr, "no forward_kvcache in %s\n", path.c_str()), std::exit(1);
+    ab_calls.push_back(fn), ab_names.push_back(path);
+  }
 }
 
 template <typename F>
@@ -118,6 +147,23 @@ void point(int b, int ctx, int page, int repeat, int threads, int splits) {
   const size_t bytes = 2 * kv_elems * 2;
   flashattn::AttentionOptions options;
   options.num_threads = threads;
+  if (!ab_calls.empty()) {
+    std::vector<double> best(ab_calls.size(), 1e30);
+    for (auto fn : ab_calls) fn(tq, tk, tv, to, args, options);  // warm-up
+    for (int r = 0; r < repeat; ++r) {
+      for (size_t i = 0; i < ab_calls.size(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const auto start = Clock::now();
+        ab_calls[i](tq, tk, tv, to, args, options);
+        best[i] = std::min(best[i], std::chrono::duration<double>(Clock::now() - start).count());
+      }
+    }
+    std::printf("%d x %5d page %2d ", b, ctx, page);
+    for (size_t i = 0; i < best.size(); ++i) std::printf(" %8.3f ms %6.2f GB/s |", best[i] * 1e3, bytes / best[i] / 1e9);
+    std::printf(" A/B time %.3f\n", best[0] / best.back());
+    std::fflush(stdout);
+    return;
+  }
   const double s = best_seconds([&] { flashattn::forward_kvcache(tq, tk, tv, to, args, options); }, repeat);
   std::printf("%d x %5d page %2d  %8.3f ms  %6.2f GB/s  (C sum 1 thread %6.2f, 2 threads %6.2f GB/s)\n", b, ctx,
               page, s * 1e3, bytes / s / 1e9, sum_gbs(bytes, 1, repeat), sum_gbs(bytes, 2, repeat));
@@ -127,6 +173,7 @@ void point(int b, int ctx, int page, int repeat, int threads, int splits) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  load_ab();
   const int repeat = argc > 1 ? std::atoi(argv[1]) : 5;
   const std::string only = argc > 2 ? argv[2] : "";
   const int threads = argc > 3 ? std::atoi(argv[3]) : 0;
