@@ -831,8 +831,6 @@ bool use_decode_walk(const AttnParams& p, const ScoreUnits& units) {
   return p.seqlen_q == 1 && !units.logits && p.q_storage == p.dtype && p.kv_storage == p.dtype;
 }
 
-// Blocks ahead whose K/V rows are prefetched, KV head by KV head (D-56, D-72).
-constexpr int kDecodePrefetchBlocks = 1;
 
 void allocate_decode(Scratch& ws, const AttnParams& p) {
   const int heads = p.num_heads, d = p.head_dim;
@@ -902,17 +900,17 @@ void block_rows(const AttnParams& p, const SeqInfo& seq, int b, int j0, int j_en
   }
 }
 
-// KV head hk's K and V rows of a later block into the caches, one KV head per step of the current
-// block, so that the prefetches spread over the block's work (D-72: a burst of a whole block's
-// prefetches held the core until the memory returned them).
+// KV head hk's K and V rows of a block into L1, issued one KV head step before the kernels read
+// them (docs/DECISIONS.md D-85: the next step's rows with PREFETCHT0, where D-72 prefetched the
+// next block's rows of the same KV head into L2, 8 steps ahead).
 FA_PREFETCH_HELPER void prefetch_head_rows(const AttnParams& p, const DecodeBlockRows& rows, int hk, size_t elem) {
   const size_t row_bytes = size_t(p.head_dim) * elem;
   for (int j = 0; j < rows.keys; ++j) {
     const char* k = rows.k[j] + elem * hk * p.k_head_stride;
     const char* v = rows.v[j] + elem * hk * p.v_head_stride;
     for (size_t byte = 0; byte < row_bytes; byte += kCacheLineBytes) {
-      __builtin_prefetch(k + byte, 0, 2);
-      __builtin_prefetch(v + byte, 0, 2);
+      __builtin_prefetch(k + byte, 0, 3);
+      __builtin_prefetch(v + byte, 0, 3);
     }
   }
 }
@@ -947,12 +945,19 @@ void run_decode_item(const AttnParams& p, const TileKernels& kern, const DecodeK
   load_decode_q<S>(p, seq, b, dk, ws);
   std::fill(ws.dout.begin(), ws.dout.end(), 0.0f);
   std::fill(ws.dstate.begin(), ws.dstate.end(), SoftmaxRowState::empty());
-  DecodeBlockRows rows, ahead;
+  DecodeBlockRows rows, next;
+  block_rows(p, seq, b, keys.lo, keys.hi, elem, next);
+  prefetch_head_rows(p, next, 0, elem);
   for (int j0 = keys.lo; j0 < keys.hi; j0 += kDecodeKeys) {
-    block_rows(p, seq, b, j0, keys.hi, elem, rows);
-    block_rows(p, seq, b, j0 + kDecodePrefetchBlocks * kDecodeKeys, keys.hi, elem, ahead);
+    rows = next;
+    block_rows(p, seq, b, j0 + kDecodeKeys, keys.hi, elem, next);
     for (int hk = 0; hk < p.num_heads_k; ++hk) {
-      prefetch_head_rows(p, ahead, hk, elem);
+      // the next step's rows: KV head hk + 1 of this block, or KV head 0 of the next (D-85)
+      if (hk + 1 < p.num_heads_k) {
+        prefetch_head_rows(p, rows, hk + 1, elem);
+      } else {
+        prefetch_head_rows(p, next, 0, elem);
+      }
       for (int j = 0; j < rows.keys; ++j) {
         ws.dk_rows[j] = rows.k[j] + elem * hk * p.k_head_stride;
         ws.dv_rows[j] = rows.v[j] + elem * hk * p.v_head_stride;

@@ -303,23 +303,35 @@ FA_AVX2 void transpose(const float* src, int ld_src, int rows, int cols, float* 
 
 #define FA_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
 
-// Register blocks: scores 4 keys x 2 heads (8 ymm accumulators, folded together by
-// sum_lanes_8), P.V 4 heads x 16 columns (8 accumulators).
+// Register blocks (8 ymm accumulators each; docs/DECISIONS.md D-85): scores take the heads of a
+// KV head kDecodeGroupHeads at a time, 2 keys x 4 heads, so that each K row is widened once for
+// the 4 heads; heads left over take 4 keys x 2 heads (and 1). Both fold their 8 accumulators by
+// sum_lanes_8. P.V: 4 heads x 16 columns.
+constexpr int kDecodeGroupHeads = 4, kDecodeGroupKeys = 2;
 constexpr int kDecodeScoreKeys = 4, kDecodeScoreHeads = 2;
 constexpr int kDecodePvHeads = 4, kDecodePvVecs = 2;
+
+// bf16 elements c .. c + 7 of a row widened to fp32 by one shuffle: the 16 bytes broadcast into
+// both 128-bit lanes (a load alone), then each element's two bytes moved into the upper half of
+// its fp32 lane and the lower half zeroed (VPSHUFB), in place of VPMOVZXWD and a shift (whose
+// port the FMAs need; D-85).
+FA_AVX2 inline __m256 load8_bf16(const uint16_t* row, int c) {
+  const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
+  constexpr char z = char(0x80);  // a VPSHUFB control byte with its top bit set writes 0
+  const __m256i to_upper = _mm256_setr_epi8(z, z, 0, 1, z, z, 2, 3, z, z, 4, 5, z, z, 6, 7,
+                                            z, z, 8, 9, z, z, 10, 11, z, z, 12, 13, z, z, 14, 15);
+  return _mm256_castsi256_ps(_mm256_shuffle_epi8(bytes, to_upper));
+}
 
 // Elements c .. c + 7 of a row stored as D, widened to fp32.
 template <DType D>
 FA_AVX2_F16C inline __m256 load8(const void* row, int c) {
   if constexpr (D == DType::f32) {
     return _mm256_loadu_ps(static_cast<const float*>(row) + c);
-  } else {
-    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + c));
-    if constexpr (D == DType::f16) {
-      return _mm256_cvtph_ps(bits);
-    } else {  // bf16: the upper half of an fp32
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-    }
+  } else if constexpr (D == DType::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + c)));
+  } else {  // bf16: the upper half of an fp32
+    return load8_bf16(static_cast<const uint16_t*>(row), c);
   }
 }
 
@@ -327,6 +339,7 @@ FA_AVX2_F16C inline __m256 load8(const void* row, int c) {
 // 128-bit lanes (the result comes out in natural order).
 FA_AVX2_F16C inline __m256 sum_lanes_8(const __m256 (&x)[8]) {
   __m256 t[4];
+  FA_UNROLL
   for (int i = 0; i < 4; ++i) {  // [x_i lo + x_i hi | x_(i+4) lo + x_(i+4) hi]
     t[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[i], x[i + 4], 0x20), _mm256_permute2f128_ps(x[i], x[i + 4], 0x31));
   }
@@ -368,10 +381,62 @@ FA_AVX2_F16C void decode_scores_heads(const float* q, int d, const void* const* 
   }
 }
 
+// Keys k0 and k1 against kDecodeGroupHeads heads: x[2h + i] holds the 8 partial sums of head h
+// and key i.
+template <DType D>
+FA_AVX2_F16C inline void decode_scores_pair(const float* q, int d, const void* k0, const void* k1, __m256 (&x)[8]) {
+  __m256 acc[kDecodeGroupKeys][kDecodeGroupHeads];
+  FA_UNROLL
+  for (int i = 0; i < kDecodeGroupKeys; ++i)
+    FA_UNROLL
+    for (int h = 0; h < kDecodeGroupHeads; ++h) acc[i][h] = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += kLanes) {
+    const __m256 ka = load8<D>(k0, c), kb = load8<D>(k1, c);
+    FA_UNROLL
+    for (int h = 0; h < kDecodeGroupHeads; ++h) {
+      __m256 qv = _mm256_loadu_ps(q + size_t(h) * d + c);
+      __asm__("" : "+x"(qv));  // one load per head, not one folded into each of its FMAs (hot: 300 -> 242 ns a block)
+      acc[0][h] = _mm256_fmadd_ps(qv, ka, acc[0][h]);
+      acc[1][h] = _mm256_fmadd_ps(qv, kb, acc[1][h]);
+    }
+  }
+  FA_UNROLL
+  for (int h = 0; h < kDecodeGroupHeads; ++h) {
+    x[2 * h] = acc[0][h];
+    x[2 * h + 1] = acc[1][h];
+  }
+}
+
+// All kDecodeGroupHeads heads in one pass over the keys, 2 keys at a time: keys j0 .. j0 + 3
+// fold into two vectors (lane 2h + i: head h, key i of the pair), whose 16 scores one shuffle
+// pair puts in head order.
+template <DType D>
+FA_AVX2_F16C void decode_scores_group(const float* q, int d, const void* const* k_rows, int keys, float* s) {
+  for (int j0 = 0; j0 < keys; j0 += 2 * kDecodeGroupKeys) {
+    const void* k[2 * kDecodeGroupKeys];
+    FA_UNROLL
+    for (int i = 0; i < 2 * kDecodeGroupKeys; ++i) k[i] = k_rows[j0 + i < keys ? j0 + i : keys - 1];
+    __m256 x[8];
+    decode_scores_pair<D>(q, d, k[0], k[1], x);
+    const __m256 a = sum_lanes_8(x);  // lane 2h + i: head h, key j0 + i
+    decode_scores_pair<D>(q, d, k[2], k[3], x);
+    const __m256 b = sum_lanes_8(x);  // lane 2h + i: head h, key j0 + 2 + i
+    const __m256 even = _mm256_shuffle_ps(a, b, 0x44);  // heads 0 | 2, keys j0 .. j0 + 3
+    const __m256 odd = _mm256_shuffle_ps(a, b, 0xEE);   // heads 1 | 3
+    _mm_storeu_ps(s + j0, _mm256_castps256_ps128(even));
+    _mm_storeu_ps(s + kDecodeKeys + j0, _mm256_castps256_ps128(odd));
+    _mm_storeu_ps(s + 2 * kDecodeKeys + j0, _mm256_extractf128_ps(even, 1));
+    _mm_storeu_ps(s + 3 * kDecodeKeys + j0, _mm256_extractf128_ps(odd, 1));
+  }
+}
+
 template <DType D>
 FA_AVX2_F16C void decode_scores(const void* q, int heads, int d, const void* const* k_rows, int keys, float* s) {
   const float* q32 = static_cast<const float*>(q);
   int h = 0;
+  for (; h + kDecodeGroupHeads <= heads; h += kDecodeGroupHeads) {
+    decode_scores_group<D>(q32 + size_t(h) * d, d, k_rows, keys, s + h * kDecodeKeys);
+  }
   for (; h + kDecodeScoreHeads <= heads; h += kDecodeScoreHeads) {
     decode_scores_heads<D, kDecodeScoreHeads>(q32 + size_t(h) * d, d, k_rows, keys, s + h * kDecodeKeys);
   }
