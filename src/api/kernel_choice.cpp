@@ -77,21 +77,21 @@ bool serves_heads(const Problem& p, const DeviceFacts& d, const Work& w, const K
 
 // ---- decode ------------------------------------------------------------------------------------
 
-// Few units with walks of at most max_tiles get the heuristic's split count over the SMs (one
-// CTA each; D-16, D-84), where no split count was asked for; true where this applies.
-bool plan_few_unit_splits(const DeviceFacts& d, const Work& w, int requested, int max_tiles, KernelChoice& c) {
+// The split count over the SMs (FlashAttention-2's heuristic, one CTA each; D-16, D-84) of few
+// units whose walks at the current count `splits` are at most max_tiles, where no split count
+// was asked for; 0 where this does not apply.
+int few_unit_splits(const DeviceFacts& d, const Work& w, int requested, int max_tiles, int splits) {
   const bool few_units = double(w.work_tiles) < kFewUnitsFraction * d.sms;
-  if (requested != 0 || !d.sm90 || !few_units || c.num_splits <= 1 || ceil_div(w.key_tiles, c.num_splits) > max_tiles) {
-    return false;
-  }
-  c.num_splits = num_splits_heuristic(int(w.work_tiles), d.sms, w.key_tiles, kMaxSplits);
-  return true;
+  if (requested != 0 || !d.sm90 || !few_units || splits <= 1 || ceil_div(w.key_tiles, splits) > max_tiles) return 0;
+  return num_splits_heuristic(int(w.work_tiles), d.sms, w.key_tiles, kMaxSplits);
 }
 
 // The deep pipeline's plan (D-16, D-17): few units with short walks get their split count above,
 // and the deep pipeline where the walks stay >= 3 tiles.
 void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, int requested, KernelChoice& c) {
-  if (!serves_deep(p, d) || !plan_few_unit_splits(d, w, requested, kFewUnitsMaxTiles, c)) return;
+  const int splits = few_unit_splits(d, w, requested, kFewUnitsMaxTiles, c.num_splits);
+  if (!serves_deep(p, d) || splits == 0) return;
+  c.num_splits = splits;
   c.deep_pipeline = ceil_div(w.key_tiles, c.num_splits) >= kDeepDecodeMinTiles;
 }
 
@@ -100,11 +100,9 @@ void plan_deep_pipeline(const Problem& p, const DeviceFacts& d, const Work& w, i
 bool choose_decode_kernel(const Problem& p, const DeviceFacts& d, const Work& w, int requested, Kernel forced,
                           KernelChoice& c) {
   if (p.fp8) {  // the splitkeys kernel reads e4m3 (launch_template.h run_fwd_fp8)
-    KernelChoice few = c;  // D-84: the count over the SMs where walks are short under both counts
-    if (plan_few_unit_splits(d, w, requested, kFp8FewUnitsMaxTiles, few) &&
-        ceil_div(w.key_tiles, few.num_splits) <= kFp8FewUnitsMaxTiles) {
-      c = few;
-    }
+    // D-84: the count over the SMs where the walks are short under both counts
+    const int splits = few_unit_splits(d, w, requested, kFp8FewUnitsMaxTiles, c.num_splits);
+    if (splits > 0 && ceil_div(w.key_tiles, splits) <= kFp8FewUnitsMaxTiles) c.num_splits = splits;
     c.kernel = Kernel::splitkeys;
     return forced == Kernel::automatic || forced == Kernel::splitkeys;
   }

@@ -831,7 +831,6 @@ bool use_decode_walk(const AttnParams& p, const ScoreUnits& units) {
   return p.seqlen_q == 1 && !units.logits && p.q_storage == p.dtype && p.kv_storage == p.dtype;
 }
 
-
 void allocate_decode(Scratch& ws, const AttnParams& p) {
   const int heads = p.num_heads, d = p.head_dim;
   if (ws.decode_heads == heads && ws.decode_d == d && ws.decode_heads_k == p.num_heads_k) return;
