@@ -437,7 +437,8 @@ void decode_exp2_sum(float* s, int heads, int keys, float scale_log2, const floa
     const float32x4_t neg_offset = vdupq_n_f32(-offset[h]);
     float32x4_t total = zero;
     for (int j = 0; j < kDecodeKeys; j += kLanes) {
-      const float32x4_t p = vbslq_f32(in_keys(j, keys), exp2_q(scaled_minus(vld1q_f32(row + j), scale, neg_offset)), zero);
+      const float32x4_t x = scaled_minus(vld1q_f32(row + j), scale, neg_offset);
+      const float32x4_t p = vbslq_f32(in_keys(j, keys), exp2_q(x), zero);
       vst1q_f32(row + j, p);
       total = vaddq_f32(total, p);
     }
@@ -451,9 +452,11 @@ inline void decode_pv_block(const float* p, const void* const* v_rows, int keys,
                             float* o) {
   float32x4_t acc[H][2 * kSteps];
   FA_UNROLL
-  for (int h = 0; h < H; ++h)
+  for (int h = 0; h < H; ++h) {
+    const float* row = o + size_t(h) * d + c0;
     FA_UNROLL
-    for (int v = 0; v < 2 * kSteps; ++v) acc[h][v] = vmulq_n_f32(vld1q_f32(o + size_t(h) * d + c0 + v * kLanes), factor[h]);
+    for (int v = 0; v < 2 * kSteps; ++v) acc[h][v] = vmulq_n_f32(vld1q_f32(row + v * kLanes), factor[h]);
+  }
   for (int j = 0; j < keys; ++j) {
     Widened vv[kSteps];
     FA_UNROLL
