@@ -7,10 +7,12 @@
 #
 # Needs (installed here if missing and allowed): python3 -m pip install ziglang; apt-get install
 # qemu-user libc6-arm64-cross; GoogleTest's sources (/usr/src/googletest, Debian's
-# libgtest-dev), cross-built once into build/arm64-gtest. No NEON code of our own is involved:
-# on aarch64 the portable kernel set is the one that runs, vectorised by the compiler for NEON
-# (the baseline of the architecture). Emulation says nothing of speed; it checks that every path
-# builds and computes the right results there.
+# libgtest-dev), cross-built once into build/arm64-gtest. On aarch64 the CPU backend runs its
+# NEON kernel set (src/cpu/kernels_neon.cpp, D-86): the script checks that the dispatch took it,
+# runs the CLI and the whole CPU test binary on it, then the kernel-set cases again on the
+# portable set (FLASHATTN_KERNEL=automatic,cpu=portable), as ctest's cpu_kernels_portable does.
+# Emulation says nothing of speed; it checks that every path builds and computes the right
+# results there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/build/arm64"
@@ -61,6 +63,9 @@ cmake --build "$OUT/build" >>"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.l
 grep -E "warning:" "$OUT/build.log" | sort -u | head -n 20 || true
 
 run() { LD_LIBRARY_PATH="$OUT/build" qemu-aarch64 -L "$SYSROOT" "$@"; }
+TESTS="$OUT/build/tests/flashattn_tests_cpu"
+echo "== the kernel sets the dispatch takes (aarch64, emulated; the test fails unless they are NEON)"
+run "$TESTS" --gtest_brief=1 --gtest_filter="CpuKernels.DispatchTakesTheFastestAllowedSet"
 echo "== the CLI on an example (aarch64, emulated)"
 run "$OUT/build/tools/flashattn" run --device cpu --check --causal --seqlen-q 300 --head-dim 64
 run "$OUT/build/tools/flashattn" run --device cpu --check --kvcache --paged --page-size 16 --heads 8 --kv-heads 2 \
@@ -68,6 +73,12 @@ run "$OUT/build/tools/flashattn" run --device cpu --check --kvcache --paged --pa
 echo "== the CPU tests (aarch64, emulated)"
 # Left out: ThreadStartFailureIsARuntimeError limits the address space (RLIMIT_AS), which under
 # qemu-user is the emulator's, and qemu aborts before the library can report the failure.
-run "$OUT/build/tests/flashattn_tests_cpu" --gtest_brief=1 \
+run "$TESTS" --gtest_brief=1 \
   --gtest_filter="-Reliability.ThreadStartFailureIsARuntimeError" 2>&1 | tee "$OUT/tests.log" | tail -n 5
+status="${PIPESTATUS[0]}"
+[ "$status" = 0 ] || exit "$status"
+echo "== the kernel-set cases on the portable set (aarch64, emulated; FLASHATTN_KERNEL=automatic,cpu=portable)"
+FLASHATTN_KERNEL=automatic,cpu=portable run "$TESTS" --gtest_brief=1 \
+  --gtest_filter="Cpu/DenseSweep.*:Cpu/KVCachePaging.*:Cpu/KVCacheSplits.*:Cpu/NanQuery.*:Threads.*:CpuKernels.Dispatch*" \
+  2>&1 | tee "$OUT/tests-portable.log" | tail -n 4
 exit "${PIPESTATUS[0]}"

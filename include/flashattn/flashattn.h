@@ -114,7 +114,7 @@ enum class Kernel {
 FLASHATTN_API const char* kernel_name(Kernel kernel);  // "wgmma", ...; "automatic"
 
 enum class WgmmaTile { automatic, wide, narrow, narrow96 };
-enum class CpuKernels { automatic, portable, avx2, avx512, avx512bf16, amx };  // the CPU backend's highest kernel set
+enum class CpuKernels { automatic, portable, neon, avx2, avx512, avx512bf16, amx };  // the CPU backend's highest kernel set
 enum class TileOrder { automatic, per_unit, heavy_first };
 
 // For tests and timing. A forced kernel runs every call it serves; a call it does not serve
@@ -140,7 +140,7 @@ struct KernelOverride {
 };
 
 // FLASHATTN_KERNEL=<kernel>[,tile=wide|narrow|narrow96][,order=per_unit|heavy_first][,grid=persistent|tiles|<n>]
-// [,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|avx512bf16|amx][,checked=on], read once per
+// [,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|neon|avx2|avx512|avx512bf16|amx][,checked=on], read once per
 // process; unset or empty: the default override.
 // Throws Error(invalid_argument) naming the variable for a value it cannot parse.
 FLASHATTN_API const KernelOverride& kernel_override_from_env();

@@ -27,7 +27,7 @@ constexpr Named kKernels[] = {
 [[noreturn]] void bad_value(const std::string& value, const std::string& why) {
   throw Error(Error::Kind::invalid_argument, std::string(kEnvName) + "=" + value + ": " + why +
                                                  " (expected <kernel>[,tile=wide|narrow|narrow96]"
-                                                 "[,order=per_unit|heavy_first][,grid=persistent|tiles|<n>][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|avx2|avx512|avx512bf16|amx]"
+                                                 "[,order=per_unit|heavy_first][,grid=persistent|tiles|<n>][,combine=kernel][,pdl=off][,stage=cpu][,cpu=portable|neon|avx2|avx512|avx512bf16|amx]"
                                                  "[,checked=on|off],"
                                                  " kernel one of automatic, mma, wgmma, warpspec, splitkeys, deep, dims,"
                                                  " persistent, heads)");
@@ -78,6 +78,8 @@ void apply_field(const std::string& field, bool first, const std::string& whole,
     o.stage_on_cpu = true;
   } else if (key == "cpu" && value == "portable") {
     o.cpu_kernels = CpuKernels::portable;
+  } else if (key == "cpu" && value == "neon") {
+    o.cpu_kernels = CpuKernels::neon;
   } else if (key == "cpu" && value == "avx2") {
     o.cpu_kernels = CpuKernels::avx2;
   } else if (key == "cpu" && value == "avx512") {

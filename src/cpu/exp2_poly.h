@@ -1,8 +1,9 @@
-// The one definition of the vector exp2 rule that the AVX2 and AVX-512 tile kernels evaluate
-// (avx2_math.h, avx512_math.h): 2^x = 2^n * 2^f with n = round(x), f = x - n in [-0.5, 0.5],
-// 2^f from its Taylor polynomial p(f) = sum_k (ln 2)^k / k! f^k of a chosen degree (at most
-// kExp2MaxDegree), for x <= 0 or NaN; inputs below kExp2Lowest are raised to it (2^-150 rounds
-// to 0 in fp32); NaN stays NaN. Plain constants, so any target may include it.
+// The one definition of the vector exp2 rule that the NEON, AVX2 and AVX-512 tile kernels
+// evaluate (kernels_neon.cpp, avx2_math.h, avx512_math.h; tests/cpu/test_kernels.cpp
+// Exp2IsTheRule checks each against it): 2^x = 2^n * 2^f with n = round(x), f = x - n in
+// [-0.5, 0.5], 2^f from its Taylor polynomial p(f) = sum_k (ln 2)^k / k! f^k of a chosen degree
+// (at most kExp2MaxDegree), for x <= 0 or NaN; inputs below kExp2Lowest are raised to it (2^-150
+// rounds to 0 in fp32); NaN stays NaN. Plain constants, so any target may include it.
 #pragma once
 
 namespace flashattn {

@@ -1,8 +1,9 @@
 // The CPU backend's tile micro-kernels: the two products and the row passes of the online
 // softmax on fp32 tiles that stay in L1/L2. One portable (scalar, compiler-vectorised) set, one
-// AVX2 set (kernels_avx2.cpp) and one AVX-512 set (kernels_avx512.cpp), chosen once at run time
-// by what the CPU has (docs/DECISIONS.md D-50, D-51, D-63); for bf16, the bf16 tile kernels at
-// the end of this file (AMX or AVX512-BF16) take the two products where the CPU has either.
+// NEON set for aarch64 (kernels_neon.cpp), one AVX2 set (kernels_avx2.cpp) and one AVX-512 set
+// (kernels_avx512.cpp), chosen once at run time by what the CPU has (docs/DECISIONS.md D-50,
+// D-51, D-63, D-86); for bf16 on x86-64, the bf16 tile kernels at the end of this file (AMX or
+// AVX512-BF16) take the two products where the CPU has either.
 //
 // Layouts (fp32, row-major, leading dimensions in elements):
 //   qt  (d, ld_qt)         the query tile transposed: qt[c][r] = q_r[c]; rows padded to the set's
@@ -74,10 +75,13 @@ struct TileKernels {
   void (*transpose)(const float* src, int ld_src, int rows, int cols, float* dst, int ld_dst);
 };
 
-// The kernel sets from the most portable to the fastest.
-// FLASHATTN_KERNEL=automatic,cpu=portable|avx2|avx512|avx512bf16|amx in the environment caps the
-// level used (read once; the tests use it to check each set).
-enum class KernelLevel { portable, avx2, avx512, avx512bf16, amx };
+// The kernel sets from the most portable to the fastest. A CPU has the NEON set (aarch64) or
+// the x86-64 ones, never both, so NEON's place among the x86-64 levels only decides what a cap
+// does on the other architecture: a cap at avx2 or above leaves aarch64 on NEON, and cpu=neon
+// leaves x86-64 on the portable set.
+// FLASHATTN_KERNEL=automatic,cpu=portable|neon|avx2|avx512|avx512bf16|amx in the environment caps
+// the level used (read once; the tests use it to check each set).
+enum class KernelLevel { portable, neon, avx2, avx512, avx512bf16, amx };
 bool kernel_level_allowed(KernelLevel level);
 
 // The portable set: plain loops, vectorised by the compiler for the build's target.
@@ -90,6 +94,10 @@ const TileKernels* avx2_kernels();
 // The AVX-512 set, or nullptr where it is not compiled in (not x86-64, or a compiler without
 // the target attribute) or the CPU lacks AVX-512 F/DQ/VL/BW.
 const TileKernels* avx512_kernels();
+
+// The NEON set (4-lane fp32 vectors with FMA; kernels_neon.cpp), or nullptr where it is not
+// compiled in (not little-endian aarch64). Every aarch64 CPU has NEON (Advanced SIMD).
+const TileKernels* neon_kernels();
 
 // The set this process uses: the fastest the CPU runs within kernel_level_allowed.
 const TileKernels& tile_kernels();
@@ -187,6 +195,7 @@ struct DecodeKernels {
 // or nullptr where the set does not serve them (not compiled in, the CPU lacks it, or d is not
 // a multiple of its vector). The portable set serves every d.
 const DecodeKernels* portable_decode_kernels(DType storage);
+const DecodeKernels* neon_decode_kernels(DType storage, int d);
 const DecodeKernels* avx2_decode_kernels(DType storage, int d);
 const DecodeKernels* avx512_decode_kernels(DType storage, int d);
 // AVX-512 with VDPBF16PS scores (bf16 storage only).

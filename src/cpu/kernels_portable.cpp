@@ -1,6 +1,6 @@
 // The portable tile kernels (plain loops over contiguous rows, which the compiler vectorises
-// for whatever the build targets) and the run-time choice between them, the AVX2 set and the
-// AVX-512 set.
+// for whatever the build targets) and the run-time choice between them, the NEON set (aarch64),
+// the AVX2 set and the AVX-512 set.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -142,10 +142,11 @@ const DecodeKernels* portable_decode_set(const char* name) {
   return &kernels;
 }
 
-// FLASHATTN_KERNEL=...,cpu=portable|avx2|avx512|avx512bf16|amx (tests) caps the kernel set.
+// FLASHATTN_KERNEL=...,cpu=portable|neon|avx2|avx512|avx512bf16|amx (tests) caps the kernel set.
 KernelLevel highest_allowed_level() {
   switch (kernel_override_from_env().cpu_kernels) {
     case CpuKernels::portable: return KernelLevel::portable;
+    case CpuKernels::neon: return KernelLevel::neon;
     case CpuKernels::avx2: return KernelLevel::avx2;
     case CpuKernels::avx512: return KernelLevel::avx512;
     case CpuKernels::avx512bf16: return KernelLevel::avx512bf16;
@@ -171,6 +172,8 @@ const TileKernels& tile_kernels() {
     if (avx512 != nullptr && kernel_level_allowed(KernelLevel::avx512)) return *avx512;
     const TileKernels* avx2 = avx2_kernels();
     if (avx2 != nullptr && kernel_level_allowed(KernelLevel::avx2)) return *avx2;
+    const TileKernels* neon = neon_kernels();
+    if (neon != nullptr && kernel_level_allowed(KernelLevel::neon)) return *neon;
     return portable_kernels();
   }();
   return chosen;
@@ -194,6 +197,9 @@ const DecodeKernels& decode_kernels(DType storage, int d) {
   }
   if (kernel_level_allowed(KernelLevel::avx2)) {
     if (const DecodeKernels* set = avx2_decode_kernels(storage, d)) return *set;
+  }
+  if (kernel_level_allowed(KernelLevel::neon)) {
+    if (const DecodeKernels* set = neon_decode_kernels(storage, d)) return *set;
   }
   return *portable_decode_kernels(storage);
 }

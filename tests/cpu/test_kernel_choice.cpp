@@ -649,13 +649,15 @@ TEST(KernelOverride, ParsesCpuKernelCaps) {
   using flashattn::parse_kernel_override;
   EXPECT_EQ(parse_kernel_override("").cpu_kernels, CpuKernels::automatic);
   EXPECT_EQ(parse_kernel_override("automatic,cpu=portable").cpu_kernels, CpuKernels::portable);
+  EXPECT_EQ(parse_kernel_override("automatic,cpu=neon").cpu_kernels, CpuKernels::neon);
   EXPECT_EQ(parse_kernel_override("automatic,cpu=avx2").cpu_kernels, CpuKernels::avx2);
   EXPECT_EQ(parse_kernel_override("automatic,cpu=avx512").cpu_kernels, CpuKernels::avx512);
   EXPECT_EQ(parse_kernel_override("automatic,cpu=avx512bf16").cpu_kernels, CpuKernels::avx512bf16);
   EXPECT_EQ(parse_kernel_override("automatic,cpu=amx").cpu_kernels, CpuKernels::amx);
   EXPECT_THROW(parse_kernel_override("automatic,cpu=sse2"), flashattn::Error);
   // The caps are ordered as the kernel sets, from the most portable up.
-  EXPECT_LT(int(CpuKernels::portable), int(CpuKernels::avx2));
+  EXPECT_LT(int(CpuKernels::portable), int(CpuKernels::neon));
+  EXPECT_LT(int(CpuKernels::neon), int(CpuKernels::avx2));
   EXPECT_LT(int(CpuKernels::avx2), int(CpuKernels::avx512));
   EXPECT_LT(int(CpuKernels::avx512), int(CpuKernels::avx512bf16));
   EXPECT_LT(int(CpuKernels::avx512bf16), int(CpuKernels::amx));

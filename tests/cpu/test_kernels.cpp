@@ -1,13 +1,15 @@
 // The CPU tile kernel sets (src/cpu/kernels.h) against the portable set, for every vector set the
-// CPU has (AVX2, AVX-512; a set the CPU lacks is skipped): the one exact operation, fp32 -> bf16
-// output rounding, bit for bit on random values, ties, denormals, infinities and NaN; the
-// products, the row passes and the rescale on random tiles of every shape class (tails of the
-// register blocks, one key, one row, rows_pad of one row vector), within fp32 rounding of a
-// float64 sum; and exp2 of the AVX2 set bit for bit the AVX-512 set's (one rule, exp2_poly.h).
+// CPU has (NEON, AVX2, AVX-512; a set the CPU lacks or the build leaves out is skipped): the one
+// exact operation, fp32 -> bf16 output rounding, bit for bit on random values, ties, denormals,
+// infinities and NaN; the products, the row passes and the rescale on random tiles of every shape
+// class (tails of the register blocks, one key, one row, rows_pad of one row vector), within fp32
+// rounding of a float64 sum; and each set's exp2 bit for bit the rule of exp2_poly.h, evaluated
+// here in scalar steps (and the AVX2 set's the AVX-512 set's). The dispatch takes the fastest set
+// within the FLASHATTN_KERNEL cap.
 // The bf16 tile kernel sets (AMX, AVX512-BF16; no portable twin) against their definitions: the
 // pack layouts bit for bit, the row max exactly, both products within fp32 summation error of the
 // float64 sum of the bf16 products, P within bf16 rounding of exp2, the padding zero.
-// The decode kernel sets (portable, AVX2, AVX-512, AVX512-BF16; D-72) on K/V rows scattered in
+// The decode kernel sets (portable, NEON, AVX2, AVX-512, AVX512-BF16; D-72) on K/V rows scattered in
 // memory, for each storage type: scores and P.V within fp32 summation error of the float64 sums,
 // the row max exactly (NaN ignored), P within exp2's error, zero past the block's keys, and
 // nothing written outside the heads' rows.
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <ostream>
@@ -24,6 +27,7 @@
 
 #include "common/half.h"
 #include "cpu/avx2_math.h"
+#include "cpu/exp2_poly.h"
 #include "cpu/kernels.h"
 
 namespace {
@@ -227,7 +231,10 @@ TEST_P(CpuKernelSet, Exp2SumMatchesPortable) {
           const double argument_error = (std::fabs(double(st[at]) * scale) + std::fabs(x)) * 0x1p-24;
           const double tolerance = exact * (2 * 0x1p-24 + 0.7 * argument_error) + 0x1p-149;
           ASSERT_NEAR(got[at], exact, tolerance) << "x=" << x << " j=" << j << " r=" << r;
-          ASSERT_NEAR(want[at], exact, tolerance) << "portable, x=" << x;
+          // The portable set is std::exp2 of the toolchain's libm: zig's compiler-rt (the aarch64
+          // cross build of scripts/arm_check.sh) has no denormal results, only 0 below FLT_MIN.
+          const double libm_flush = exact < std::numeric_limits<float>::min() ? exact : 0.0;
+          ASSERT_NEAR(want[at], exact, tolerance + libm_flush) << "portable, x=" << x;
           sum += exact;
           sum_tolerance += tolerance;
         }
@@ -326,8 +333,51 @@ TEST_P(CpuKernelSet, TransposeMatchesDefinition) {
   }
 }
 
+// 2^x by the rule of exp2_poly.h, one step at a time, each a correctly rounded fp32 operation as
+// in a vector lane: x raised to kExp2Lowest (NaN kept), n = x rounded to nearest even, the
+// polynomial in f = x - n by Horner's rule with fused multiply-adds, then p 2^n rounded once (exact
+// in double, so that the conversion to fp32 is the one rounding, denormals included).
+float exp2_rule(float x) {
+  using flashattn::cpu::kExp2Coefficients;
+  using flashattn::cpu::kExp2MaxDegree;
+  if (std::isnan(x)) return x;
+  x = std::max(x, flashattn::cpu::kExp2Lowest);
+  const float n = std::nearbyint(x);
+  const float f = x - n;
+  float p = kExp2Coefficients[kExp2MaxDegree];
+  for (int k = kExp2MaxDegree - 1; k >= 0; --k) p = std::fma(p, f, kExp2Coefficients[k]);
+  return float(std::ldexp(double(p), int(n)));
+}
+
+// One exp2 rule for every set (exp2_poly.h): exp2_sum with scale 1 and offset 0 (x * 1 - 0 is x,
+// rounded once) gives exp2_rule bit for bit on a fine grid over [-160, 8], the ties of the
+// rounding to n, the edges of the denormal and flushed ranges, -inf (0), and NaN (NaN).
+TEST_P(CpuKernelSet, Exp2IsTheRule) {
+  std::vector<float> x;
+  for (int i = 0; i <= 16800; ++i) x.push_back(-160.0f + float(i) * 0.01f);
+  for (float special : {-INFINITY, std::numeric_limits<float>::quiet_NaN(), -0.0f, 0.0f, -150.0f, -149.99f,
+                        -149.5f, -149.0f, -126.0f, -125.5f, -125.0f, -0.5f, 0.5f, -1.5f, -2.5f, 1.5f, -1e30f,
+                        from_bits(0x80000001u)}) {
+    x.push_back(special);
+  }
+  const int rows_pad = kRowLanes * 8;
+  x.resize(size_t(round_up(int(x.size()), rows_pad)), -3.25f);
+  const int keys = int(x.size()) / rows_pad;
+  const std::vector<float> offset(rows_pad, 0.0f);
+  std::vector<float> got(x), sum(rows_pad);
+  fast_->exp2_sum(got.data(), rows_pad, rows_pad, keys, 1.0f, offset.data(), sum.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      ASSERT_TRUE(std::isnan(got[i]));
+      continue;
+    }
+    ASSERT_EQ(to_bits(got[i]), to_bits(exp2_rule(x[i]))) << "x=" << x[i] << " got " << got[i];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sets, CpuKernelSet,
-                         ::testing::Values(KernelSet{"avx2", flashattn::cpu::avx2_kernels},
+                         ::testing::Values(KernelSet{"neon", flashattn::cpu::neon_kernels},
+                                           KernelSet{"avx2", flashattn::cpu::avx2_kernels},
                                            KernelSet{"avx512", flashattn::cpu::avx512_kernels}),
                          [](const ::testing::TestParamInfo<KernelSet>& info) { return std::string(info.param.name); });
 
@@ -768,9 +818,66 @@ TEST_P(CpuDecodeSet, ScoresMaxExp2AndPv) {
 
 INSTANTIATE_TEST_SUITE_P(DecodeSets, CpuDecodeSet,
                          ::testing::Values(DecodeSet{"portable", portable_decode},
+                                           DecodeSet{"neon", flashattn::cpu::neon_decode_kernels},
                                            DecodeSet{"avx2", flashattn::cpu::avx2_decode_kernels},
                                            DecodeSet{"avx512", flashattn::cpu::avx512_decode_kernels},
                                            DecodeSet{"avx512bf16", flashattn::cpu::avx512bf16_decode_kernels}),
                          [](const ::testing::TestParamInfo<DecodeSet>& info) { return std::string(info.param.name); });
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+using flashattn::cpu::KernelLevel;
+
+// A set and the level that caps it.
+template <typename Set>
+struct Leveled {
+  KernelLevel level;
+  const Set* set;
+};
+
+// The first set of `sets` (fastest first) that this CPU has within the cap, else `fallback`.
+template <typename Set, size_t N>
+const Set& fastest_allowed(const Leveled<Set> (&sets)[N], const Set& fallback) {
+  for (const Leveled<Set>& s : sets) {
+    if (s.set != nullptr && flashattn::cpu::kernel_level_allowed(s.level)) return *s.set;
+  }
+  return fallback;
+}
+
+// tile_kernels() and decode_kernels() take the fastest set the CPU has within the
+// FLASHATTN_KERNEL=automatic,cpu=<level> cap (ctest cpu_kernels_<level> runs this under each
+// cap), and aarch64 takes NEON wherever the cap allows it. Prints the sets taken (for
+// scripts/arm_check.sh).
+TEST(CpuKernels, DispatchTakesTheFastestAllowedSet) {
+  namespace cpu = flashattn::cpu;
+  const Leveled<TileKernels> tile_sets[] = {{KernelLevel::avx512, cpu::avx512_kernels()},
+                                            {KernelLevel::avx2, cpu::avx2_kernels()},
+                                            {KernelLevel::neon, cpu::neon_kernels()}};
+  const TileKernels& tile = cpu::tile_kernels();
+  EXPECT_STREQ(tile.name, fastest_allowed(tile_sets, cpu::portable_kernels()).name);
+  const char* decode_names[2] = {};
+  const DType storages[2] = {DType::f32, DType::bf16};
+  for (int i = 0; i < 2; ++i) {
+    const DType storage = storages[i];
+    const int d = 128;  // served by every decode set (bf16 storage: AVX512-BF16 too)
+    const Leveled<DecodeKernels> decode_sets[] = {{KernelLevel::avx512bf16, cpu::avx512bf16_decode_kernels(storage, d)},
+                                                  {KernelLevel::avx512, cpu::avx512_decode_kernels(storage, d)},
+                                                  {KernelLevel::avx2, cpu::avx2_decode_kernels(storage, d)},
+                                                  {KernelLevel::neon, cpu::neon_decode_kernels(storage, d)}};
+    decode_names[i] = cpu::decode_kernels(storage, d).name;
+    EXPECT_STREQ(decode_names[i], fastest_allowed(decode_sets, *cpu::portable_decode_kernels(storage)).name)
+        << "storage " << int(storage);
+  }
+  std::printf("[ kernels  ] tile kernels: %s; decode kernels (d 128): f32 %s, bf16 %s\n", tile.name, decode_names[0],
+              decode_names[1]);
+#if defined(__aarch64__) && (!defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+  // Every aarch64 CPU has NEON, and the set is compiled in for little-endian aarch64.
+  if (cpu::kernel_level_allowed(KernelLevel::neon)) {
+    EXPECT_STREQ(tile.name, "neon");
+    EXPECT_STREQ(decode_names[0], "neon");
+    EXPECT_STREQ(decode_names[1], "neon");
+  }
+#endif
+}
 
 }  // namespace
