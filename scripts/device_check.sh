@@ -48,8 +48,8 @@
 #             bench/probes/ab_summary.py prints each point's best of the rounds and the ratio
 #   varlen_ab varlen prefill (CLI run, random lengths) on each prefill kernel forced in turn,
 #             alternating, two rounds: best TFLOP/s per kernel. Log: varlen-ab.log
-#   prefix_ab two libraries built here (PREFIX_A, PREFIX_B: carried install prefixes) under one
-#             Python probe (AB_PROBE), alternating; needs no build stage. Log: prefix-ab.log
+#   prefix_ab libraries built here (AB_PREFIXES: carried install prefixes, main first) under one
+#             Python probe (AB_PROBE), in turn, two rounds; needs no build stage. Log: prefix-ab.log
 #   build_variant, variant_ab  a second build of the same source with VARIANT_ARGS added (its CLI
 #             alone, build/variant), then VARIANT_AB_CASES on both CLIs, alternating, two rounds:
 #             best TFLOP/s per build and their ratio. Log: variant-ab.log
@@ -533,24 +533,26 @@ stage_hotspots() {
   return $rc
 }
 
-# Two libraries built on the development machine, side by side (no build here): the carried
-# install prefixes PREFIX_A and PREFIX_B (e.g. .carry/p-main and .carry/p-variant, each `cmake
-# --install` of a build with -DFLASHATTN_BUILD_TESTS=OFF and a few head dims; carry both), the
-# Python extension built once against A and loaded with each library in turn (LD_LIBRARY_PATH,
-# checked from /proc/self/maps), AB_PROBE (a bench/probes command line, default the FP8 decode
-# split probe at the points issue 29 lacks) run A, B, A, B. Log: prefix-ab.log.
+# Libraries built on the development machine, side by side (no build here): AB_PREFIXES, carried
+# install prefixes (e.g. ".carry/p-main .carry/p-v4", each `cmake --install` of a build with
+# -DFLASHATTN_BUILD_TESTS=OFF and a few head dims; carry them all), the Python extension built
+# once against the first and loaded with each library in turn (LD_LIBRARY_PATH, checked from
+# /proc/self/maps), AB_PROBE (a bench/probes command line, default the FP8 decode split probe at
+# the points issue 29 lacks) run over the list twice. Log: prefix-ab.log.
 stage_prefix_ab() {
-  local a=${PREFIX_A:?PREFIX_A: a carried install prefix} b=${PREFIX_B:?PREFIX_B: a carried install prefix}
+  local prefixes=(${AB_PREFIXES:?AB_PREFIXES: carried install prefixes, the first one main})
   local probe=${AB_PROBE:-bench/probes/fp8_decode_splits.py --points 8x16384,32x4096,128x1024,128x4096 --splits 0}
-  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT="$PWD/$a" \
+  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT="$PWD/${prefixes[0]}" \
     -DPython_EXECUTABLE="$(command -v python3)" >/tmp/python-build.log 2>&1 &&
     cmake --build /tmp/fa-ext -j 16 >>/tmp/python-build.log 2>&1 || { tail -n 30 /tmp/python-build.log; return 1; }
-  local prefix
-  for prefix in "$a" "$b" "$a" "$b"; do
-    echo "== $prefix"
-    LD_LIBRARY_PATH="$PWD/$prefix/lib" python3 -c \
-      "import flashattn; print('loaded', [l.split()[-1] for l in open('/proc/self/maps') if 'libflashattn' in l][0])"
-    LD_LIBRARY_PATH="$PWD/$prefix/lib" PYTHONUNBUFFERED=1 python3 $probe
+  local round prefix
+  for round in 1 2; do
+    for prefix in "${prefixes[@]}"; do
+      echo "== $prefix, round $round"
+      LD_LIBRARY_PATH="$PWD/$prefix/lib" python3 -c \
+        "import flashattn; print('loaded', [l.split()[-1] for l in open('/proc/self/maps') if 'libflashattn' in l][0])"
+      LD_LIBRARY_PATH="$PWD/$prefix/lib" PYTHONUNBUFFERED=1 python3 $probe
+    done
   done 2>&1 | tee "$OUT/prefix-ab.log"
 }
 
