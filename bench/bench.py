@@ -131,12 +131,14 @@ def bench_prefill(args):
     return rows
 
 
-def paged_kv(k, v, page):
+def paged_kv(k, v, page, shuffled=True):
     """The contiguous cache k, v (b, ctx, hk, d) as a paged one with pages of `page` rows in
-    shuffled order: (k_cache, v_cache, block_table)."""
+    shuffled order (or, not shuffled, in their own order: the same bytes at the same offsets as
+    contiguous): (k_cache, v_cache, block_table)."""
     b, ctx, hk, d = k.shape
     pages = b * ctx // page
-    block_table = torch.randperm(pages, device=k.device).view(b, -1).to(torch.int32)
+    order = torch.randperm(pages, device=k.device) if shuffled else torch.arange(pages, device=k.device)
+    block_table = order.view(b, -1).to(torch.int32)
     slots = block_table.flatten().long()
     kc, vc = (torch.empty(pages, page, hk, d, device=k.device, dtype=k.dtype) for _ in range(2))
     kc[slots] = k.reshape(pages, page, hk, d)

@@ -116,8 +116,9 @@ stage_overhead() {
   grep -E "tottime|us$|interface|_frameworks|built-in" "$OUT/overhead-profile.log" | head -n 20
 }
 
+# The Python extension against the installed library (or the install prefix given).
 stage_pyext() {
-  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT="$PREFIX" \
+  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT="${1:-$PREFIX}" \
     -DPython_EXECUTABLE="$(command -v python3)" >/tmp/python-build.log 2>&1 &&
     cmake --build /tmp/fa-ext -j 16 >>/tmp/python-build.log 2>&1 || { tail -n 30 /tmp/python-build.log; return 1; }
   python3 -c "import flashattn; print(flashattn.build_info())"
@@ -542,9 +543,7 @@ stage_hotspots() {
 stage_prefix_ab() {
   local prefixes=(${AB_PREFIXES:?AB_PREFIXES: carried install prefixes, the first one main})
   local probe=${AB_PROBE:-bench/probes/fp8_decode_splits.py --points 8x16384,32x4096,128x1024,128x4096 --splits 0}
-  cmake -S python -B /tmp/fa-ext -G Ninja -DFLASHATTN_PREBUILT="$PWD/${prefixes[0]}" \
-    -DPython_EXECUTABLE="$(command -v python3)" >/tmp/python-build.log 2>&1 &&
-    cmake --build /tmp/fa-ext -j 16 >>/tmp/python-build.log 2>&1 || { tail -n 30 /tmp/python-build.log; return 1; }
+  stage_pyext "$PWD/${prefixes[0]}" || return 1
   local round prefix
   for round in 1 2; do
     for prefix in "${prefixes[@]}"; do

@@ -20,13 +20,6 @@ from bench import (CHUNK_HEAD_DIM, CHUNK_HEADS, CHUNK_KV_HEADS, best_of_rounds, 
                    median_ms, paged_kv)
 
 
-def ordered_pages(k, v, page):
-    """The contiguous cache k, v (1, rows, hk, d) as pages of `page` rows in their own order."""
-    b, rows, hk, d = k.shape
-    table = torch.arange(b * rows // page, device=k.device, dtype=torch.int32).view(b, -1)
-    return k.reshape(-1, page, hk, d).clone(), v.reshape(-1, page, hk, d).clone(), table
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="512x8192,512x32768,2048x8192,2048x32768")
@@ -45,7 +38,7 @@ def main():
         caches = {"contiguous": (k, v, None)}
         for page in (int(x) for x in a.pages.split(",")):
             caches[f"page {page} random"] = paged_kv(k, v, page)
-            caches[f"page {page} ordered"] = ordered_pages(k, v, page)
+            caches[f"page {page} ordered"] = paged_kv(k, v, page, shuffled=False)
         reference = call(k, v)
         timed = {name: (lambda c=c: median_ms(lambda: call(*c))) for name, c in caches.items()}
         best = best_of_rounds(timed, 2)
