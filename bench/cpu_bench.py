@@ -9,7 +9,8 @@ Prefill: fp32 and bf16, (b, s, h/hk, d, causal) in PREFILL; GFLOP/s with FLOPs 4
 halved when causal. Decode: bf16, one query row per sequence, 32 query heads over 8 KV heads,
 d = 128, batch 1 and 8, context 4k and 32k, contiguous and paged (page 16); GB/s of the K and V
 bytes read, next to the bandwidth a plain numpy.sum shows over as many bytes (the floor the issue
-measures decode against). Times are the best of --repeat calls after one warm-up call, ours and
+measures decode against). With torch, also the same cache in float8_e4m3fn (contiguous, descales
+given), timed in turns with our bf16 call: its GB/s of e4m3 bytes and its speedup over bf16. Times are the best of --repeat calls after one warm-up call, ours and
 torch's taking turns.
 Without torch, flashattn runs alone (fp32 from NumPy; bf16 through ml_dtypes when installed).
 """
@@ -177,7 +178,28 @@ def decode_points(b, ctx, repeat):
     rows.append(dict(base, page_size=DECODE_PAGE, ours_ms=ours * 1e3, ours_gbs=nbytes / ours / 1e9))
     for r in rows:
         r["fraction_of_floor"] = r["ours_gbs"] / floor
+    if torch is not None:
+        rows.append(fp8_cache_point(q, pk, pv, table, seqlens, base, repeat))
     return rows
+
+
+def fp8_cache_point(q, pk, pv, table, seqlens, base, repeat):
+    """The contiguous cache (rebuilt from the pages) in float8_e4m3fn with per-(batch, KV head)
+    descales, timed in turns with our bf16 call on the same cache."""
+    b, ctx = base["batch"], base["context"]
+    k, v = (x[torch.from_numpy(np.asarray(table)).reshape(-1)].reshape(b, ctx, *x.shape[2:]).contiguous()
+            for x in (pk, pv))
+    descale = torch.ones(b, base["kv_heads"])
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    nbytes = base["bytes"] // 2  # one byte per element
+    floor = numpy_sum_gbs(nbytes, repeat)
+    bf16, fp8 = best_seconds_each([
+        lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens),
+        lambda: flashattn.flash_attn_with_kvcache(q, k8, v8, cache_seqlens=seqlens, k_descale=descale,
+                                                  v_descale=descale)], repeat)
+    return dict(base, dtype="e4m3", bytes=nbytes, numpy_sum_gbs=floor, page_size=0, ours_ms=fp8 * 1e3,
+                ours_gbs=nbytes / fp8 / 1e9, fraction_of_floor=nbytes / fp8 / 1e9 / floor, bf16_ms=bf16 * 1e3,
+                speedup=bf16 / fp8)
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -191,9 +213,12 @@ def print_prefill(row):
 
 def print_decode(row):
     layout = f"page {row['page_size']}" if row["page_size"] else "contiguous"
+    if row["dtype"] != "bf16":
+        layout += f" {row['dtype']}"
     theirs = f"{row['torch_gbs']:7.1f}" if "torch_gbs" in row else "      -"
-    print(f"b={row['batch']} ctx={row['context']:<6} {layout:10} {row['ours_gbs']:7.1f} {theirs} "
-          f"{row['numpy_sum_gbs']:7.1f} {row['fraction_of_floor']:6.2f}", flush=True)
+    vs_bf16 = f"  {row['speedup']:.2f}x our bf16" if "speedup" in row else ""
+    print(f"b={row['batch']} ctx={row['context']:<6} {layout:15} {row['ours_gbs']:7.1f} {theirs} "
+          f"{row['numpy_sum_gbs']:7.1f} {row['fraction_of_floor']:6.2f}{vs_bf16}", flush=True)
 
 
 def plot(result, path):
@@ -216,15 +241,15 @@ def plot(result, path):
     ax1.set_title(f"prefill, {result['threads']} threads")
     ax1.legend()
     dec = result["decode"]
-    labels = [f"b{r['batch']}\n{r['context'] // 1024}k\n" + (f"p{r['page_size']}" if r["page_size"] else "contig")
-              for r in dec]
+    labels = [f"b{r['batch']}\n{r['context'] // 1024}k\n" + (f"p{r['page_size']}" if r["page_size"] else "contig") +
+              ("" if r["dtype"] == "bf16" else f"\n{r['dtype']}") for r in dec]
     x = np.arange(len(dec))
     ax2.bar(x - 0.2, [r["ours_gbs"] for r in dec], 0.4, label="flashattn")
     ax2.bar(x + 0.2, [r.get("torch_gbs", 0) for r in dec], 0.4, label="torch SDPA (CPU)")
     ax2.plot(x, [r["numpy_sum_gbs"] for r in dec], "k_", markersize=20, label="numpy.sum floor")
     ax2.set_xticks(x, labels, fontsize=7)
     ax2.set_ylabel("GB/s (K and V bytes)")
-    ax2.set_title("decode bf16, 32/8 heads, d128")
+    ax2.set_title("decode (bf16; e4m3: FP8 cache), 32/8 heads, d128")
     ax2.legend()
     fig.suptitle(f"{result['machine']}: {result['cpu']}")
     fig.tight_layout()

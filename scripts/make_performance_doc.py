@@ -256,12 +256,16 @@ def cpu_section(rows):
                  [[r["dtype"], f"{r['batch']}, {r['seqlen']}, {r['heads']}/{r['kv_heads']}, {r['head_dim']}",
                    "yes" if r["causal"] else "no", fmt(r["ours_gflops"]), fmt(r.get("torch_gflops")),
                    fmt(r.get("ratio"), 2)] for r in prefill])
-    out += [""] + table(["decode (bf16, 32/8 heads, d 128)", "flashattn GB/s", "torch GB/s", "numpy.sum GB/s",
-                         "of numpy.sum"],
+    out += [""] + table(["decode (bf16 cache unless named, 32/8 heads, d 128)", "flashattn GB/s", "torch GB/s",
+                         "numpy.sum GB/s", "of numpy.sum", "FP8 over our bf16"],
                         [[f"b {r['batch']}, {context_label(r['context'])}, " +
-                          ("contiguous" if not r["page_size"] else f"page {r['page_size']}"),
+                          ("contiguous" if not r["page_size"] else f"page {r['page_size']}") +
+                          ("" if r.get("dtype", "bf16") == "bf16" else f", {r['dtype']} cache"),
                           fmt(r["ours_gbs"]), fmt(r.get("torch_gbs")), fmt(r["numpy_sum_gbs"]),
-                          fmt(r["fraction_of_floor"], 2)] for r in decode])
+                          fmt(r["fraction_of_floor"], 2), fmt(r.get("speedup"), 2)] for r in decode])
+    if any("speedup" in r for r in decode):
+        out += ["", "An e4m3 cache's GB/s and floor count its one byte per element; \"FP8 over our bf16\" is our",
+                "bf16-cache call's time over the FP8 call's on the same values, timed in turns."]
     return out
 
 

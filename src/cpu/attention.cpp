@@ -825,10 +825,19 @@ void run_work_item_bf16(const AttnParams& p, const TileKernels& kern, const Bf16
 // together. The splits are the tile walk's: split_tiles over the key tiles (splitkv_block_n) that
 // the row sees, so that the partials merge as the GPU's do.
 
-// The walk serves one query row per sequence with K/V and q stored in the compute type (FP8 keeps
-// the tile walk) and plain q.k scores (no softcap, no ALiBi: ScoreUnits::logits false).
+// The walk serves one query row per sequence with K/V stored in the compute type or as e4m3
+// (D-87: the kernels widen e4m3 rows in registers; the k descale joins q, the v descale the
+// output rows), q in the compute type (or e4m3 with e4m3 K/V), and plain q.k scores (no softcap,
+// no ALiBi: ScoreUnits::logits false).
 bool use_decode_walk(const AttnParams& p, const ScoreUnits& units) {
-  return p.seqlen_q == 1 && !units.logits && p.q_storage == p.dtype && p.kv_storage == p.dtype;
+  const bool kv_fp8 = p.kv_storage == DType::e4m3;
+  const bool q_read = p.q_storage == p.dtype || (kv_fp8 && p.q_storage == DType::e4m3);
+  return p.seqlen_q == 1 && !units.logits && q_read && (kv_fp8 || p.kv_storage == p.dtype);
+}
+
+// The decode kernels of a call: those of its K/V storage.
+const DecodeKernels& decode_kernels_of(const AttnParams& p) {
+  return decode_kernels(p.kv_storage == DType::e4m3 ? DType::e4m3 : p.dtype, p.head_dim);
 }
 
 void allocate_decode(Scratch& ws, const AttnParams& p) {
@@ -857,21 +866,28 @@ KeyRange decode_keys(const AttnParams& p, const SeqInfo& seq, int split) {
   return KeyRange{lo, std::max(std::min(tiles.hi * n, visible.hi), lo)};
 }
 
-// The query rows of sequence b, as the decode kernels take them: fp32, or the stored bf16 bits.
-template <typename S>
+// The query rows of sequence b, as the decode kernels take them: fp32 (e4m3 q times its descale;
+// with e4m3 K/V, times the k descale of the row's KV head, D-87), or the stored bf16 bits. QS,
+// KS: the storage of q and of k and v.
+template <typename QS, typename KS>
 void load_decode_q(const AttnParams& p, const SeqInfo& seq, int b, const DecodeKernels& dk, Scratch& ws) {
-  using T = typename S::Element;
+  using T = typename QS::Element;
   const T* q = static_cast<const T*>(p.q);
-  const int d = p.head_dim;
+  const int d = p.head_dim, g = heads_per_kv_head(p);
   for (int head = 0; head < p.num_heads; ++head) {
     const T* row = q + q_offset(p, seq, b, 0, head);
-    if constexpr (std::is_same_v<S, Bf16>) {
+    if constexpr (std::is_same_v<QS, Bf16>) {
       if (dk.bf16_query) {
         std::copy_n(row, d, &ws.dq16[size_t(head) * d]);
         continue;
       }
     }
-    load_row<S>(row, d, &ws.dq[size_t(head) * d]);
+    float* dst = &ws.dq[size_t(head) * d];
+    load_row<QS>(row, d, dst, q_descale(p, b, head / g));
+    if constexpr (std::is_same_v<KS, E4m3>) {
+      const float k_scale = k_descale(p, b, head / g);
+      for (int c = 0; c < d; ++c) dst[c] *= k_scale;
+    }
   }
 }
 
@@ -933,15 +949,15 @@ void decode_block_step(const AttnParams& p, const DecodeKernels& dk, const Score
   dk.pv(ws.ds.data(), g, ws.dv_rows.data(), keys, d, ws.correction.data(), &ws.dout[size_t(h0) * d]);
 }
 
-template <typename S>
+template <typename S, typename QS, typename KS>
 void run_decode_item(const AttnParams& p, const TileKernels& kern, const DecodeKernels& dk, const ScoreUnits& units,
                      int b, int split, Scratch& ws) {
-  constexpr size_t elem = sizeof(typename S::Element);
+  constexpr size_t elem = sizeof(typename KS::Element);
   const SeqInfo seq = seq_info(p, b);
   if (seq.seqlen_q < 1) return;  // varlen: a sequence without a query row
   const KeyRange keys = decode_keys(p, seq, split);
   const int d = p.head_dim;
-  load_decode_q<S>(p, seq, b, dk, ws);
+  load_decode_q<QS, KS>(p, seq, b, dk, ws);
   std::fill(ws.dout.begin(), ws.dout.end(), 0.0f);
   std::fill(ws.dstate.begin(), ws.dstate.end(), SoftmaxRowState::empty());
   DecodeBlockRows rows, next;
@@ -965,15 +981,16 @@ void run_decode_item(const AttnParams& p, const TileKernels& kern, const DecodeK
     }
   }
   for (int head = 0; head < p.num_heads; ++head) {
-    store_row_result<S>(p, kern, seq, b, split, 0, head, ws.dstate[head].finish(units.raw_scale),
-                        &ws.dout[size_t(head) * d], d);
+    SoftmaxResult result = ws.dstate[head].finish(units.raw_scale);
+    if constexpr (std::is_same_v<KS, E4m3>) result.out_scale *= v_descale(p, b, head / heads_per_kv_head(p));  // D-87
+    store_row_result<S>(p, kern, seq, b, split, 0, head, result, &ws.dout[size_t(head) * d], d);
   }
 }
 
-template <typename S>
+template <typename S, typename QS, typename KS>
 void run_decode(const AttnParams& p, const ScoreUnits& units) {
   const TileKernels& kern = tile_kernels();
-  const DecodeKernels& dk = decode_kernels(p.dtype, p.head_dim);
+  const DecodeKernels& dk = decode_kernels_of(p);
   const int splits = std::max(p.num_splits, 1);
   const int64_t items = int64_t(p.batch) * splits;
   const int workers = resolve_threads(p.num_threads, items);
@@ -981,7 +998,7 @@ void run_decode(const AttnParams& p, const ScoreUnits& units) {
   parallel_for(items, workers, [&](int64_t item, int worker) {
     Scratch& ws = scratch.of(worker);
     allocate_decode(ws, p);
-    run_decode_item<S>(p, kern, dk, units, int(item / splits), int(item % splits), ws);
+    run_decode_item<S, QS, KS>(p, kern, dk, units, int(item / splits), int(item % splits), ws);
   });
 }
 
@@ -1073,7 +1090,7 @@ template <typename S, typename QS, typename KS>
 void run(const AttnParams& p) {
   const ScoreUnits units = score_units(p);
   if (use_decode_walk(p, units)) {
-    run_decode<S>(p, units);
+    run_decode<S, QS, KS>(p, units);
   } else {
     run_tiles<S, QS, KS>(p, units);
   }

@@ -11,6 +11,7 @@
 #ifdef FLASHATTN_HAVE_AVX512_KERNELS
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "flashattn/flashattn.h"
 
@@ -25,11 +26,23 @@ constexpr int kScoreKeys = 4, kHeads = 4;
 constexpr int kPvVecs = 4;
 static_assert(kDecodeKeys % kScoreKeys == 0, "score blocks tile a key block");
 
-// Elements c .. c + 15 of a row stored as D, widened to fp32.
+// Elements c .. c + 15 of a row stored as D, widened to fp32. e4m3 (D-87): each byte's sign and
+// 7 magnitude bits placed as an fp16 (sign at bit 15, magnitude at bits 7..13: the byte
+// sign-extended to 16 bits, shifted left by 7, bit 14 cleared) read as the e4m3 value x 2^-8,
+// subnormal bytes included (fp16 has 3 more exponent bits and 7 more mantissa bits); VCVTPH2PS
+// widens it exactly (it ignores MXCSR.DAZ; every fp16 is a normal fp32), x 256 is exact; the NaN
+// bytes (magnitude 0x7f) become NaN.
 template <DType D>
 FA_AVX512 inline __m512 load16(const void* row, int c) {
   if constexpr (D == DType::f32) {
     return _mm512_loadu_ps(static_cast<const float*>(row) + c);
+  } else if constexpr (D == DType::e4m3) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(row) + c));
+    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7),
+                                          _mm256_set1_epi16(short(0xbf80)));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(bytes, _mm_set1_epi8(char(0x80))), _mm_set1_epi8(char(0xff)));
+    return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
   } else {
     const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c));
     if constexpr (D == DType::f16) {

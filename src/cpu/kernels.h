@@ -191,7 +191,8 @@ struct DecodeKernels {
              float* o);
 };
 
-// The decode kernels of each set for K/V stored as `storage` (f32, f16 or bf16) and head dim d,
+// The decode kernels of each set for K/V stored as `storage` (f32, f16, bf16, or e4m3 read as their
+// e4m3 values: the caller applies the descales, D-87) and head dim d,
 // or nullptr where the set does not serve them (not compiled in, the CPU lacks it, or d is not
 // a multiple of its vector). The portable set serves every d.
 const DecodeKernels* portable_decode_kernels(DType storage);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace flashattn {
 namespace cpu {
@@ -323,11 +324,20 @@ FA_AVX2 inline __m256 load8_bf16(const uint16_t* row, int c) {
   return _mm256_castsi256_ps(_mm256_shuffle_epi8(bytes, to_upper));
 }
 
-// Elements c .. c + 7 of a row stored as D, widened to fp32.
+// Elements c .. c + 7 of a row stored as D, widened to fp32; e4m3 as avx512_decode.h load16 does
+// (each byte placed as an fp16 of value x 2^-8, VCVTPH2PS, x 256; the NaN bytes NaN; D-87).
 template <DType D>
 FA_AVX2_F16C inline __m256 load8(const void* row, int c) {
   if constexpr (D == DType::f32) {
     return _mm256_loadu_ps(static_cast<const float*>(row) + c);
+  } else if constexpr (D == DType::e4m3) {
+    const __m128i w =
+        _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(row) + c)));
+    const __m128i half = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(short(0xbf80)));
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f));
+    const __m128i nan16 = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    return _mm256_blendv_ps(x, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                            _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16)));
   } else if constexpr (D == DType::f16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + c)));
   } else {  // bf16: the upper half of an fp32
@@ -562,6 +572,7 @@ const DecodeKernels* avx2_decode_kernels(DType storage, int d) {
     case DType::f32: return avx2_decode_set<DType::f32>();
     case DType::f16: return avx2_decode_set<DType::f16>();
     case DType::bf16: return avx2_decode_set<DType::bf16>();
+    case DType::e4m3: return avx2_decode_set<DType::e4m3>();
     default: return nullptr;
   }
 }

@@ -243,11 +243,14 @@ const DecodeKernels* avx512_decode_kernels(DType storage, int d) {
   static const DecodeKernels f16{"avx512", false, dec::scores<DType::f16>, dec::row_max, dec::exp2_sum, dec::pv<DType::f16>};
   static const DecodeKernels bf16{"avx512", false, dec::scores<DType::bf16>, dec::row_max, dec::exp2_sum,
                                   dec::pv<DType::bf16>};
+  static const DecodeKernels e4m3{"avx512", false, dec::scores<DType::e4m3>, dec::row_max, dec::exp2_sum,
+                                  dec::pv<DType::e4m3>};
   if (avx512_kernels() == nullptr || d % dec::kLanes != 0) return nullptr;
   switch (storage) {
     case DType::f32: return &f32;
     case DType::f16: return &f16;
     case DType::bf16: return &bf16;
+    case DType::e4m3: return &e4m3;
     default: return nullptr;
   }
 }

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "common/half.h"
 #include "cpu/exp2_poly.h"
@@ -345,11 +346,26 @@ struct Widened {
 // Elements c .. c + 7 of a row stored as D, widened to fp32: f16 by FCVTL (vcvt_f32_f16), bf16
 // by shifting each 16-bit element into the upper half of a 32-bit lane (SHLL), which is exactly
 // the fp32 of the same bits.
+// e4m3 (D-87): each byte placed as an fp16 of the e4m3 value x 2^-8 (sign at bit 15, magnitude
+// at bits 7..13; subnormal bytes too), widened by FCVTL as f16 rows are, x 256; the NaN bytes
+// (magnitude 0x7f) NaN.
 template <DType D>
 inline Widened load8(const void* row, int c) {
   if constexpr (D == DType::f32) {
     const float* p = static_cast<const float*>(row) + c;
     return {vld1q_f32(p), vld1q_f32(p + kLanes)};
+  } else if constexpr (D == DType::e4m3) {
+    // (the byte sign-extended to 16 bits, shifted left by 7, bit 14 cleared)
+    const uint16x8_t w = vreinterpretq_u16_s16(vmovl_s8(vreinterpret_s8_u8(vld1_u8(static_cast<const uint8_t*>(row) + c))));
+    const uint16x8_t bits = vandq_u16(vshlq_n_u16(w, 7), vdupq_n_u16(0xbf80));
+    const float16x8_t h = vreinterpretq_f16_u16(bits);
+    const float32x4_t to_value = vdupq_n_f32(256.0f), nan = vdupq_n_f32(std::numeric_limits<float>::quiet_NaN());
+    // the NaN lanes' all-ones 16-bit masks, sign-extended to 32 bits
+    const int16x8_t is_nan = vreinterpretq_s16_u16(vceqq_u16(vandq_u16(w, vdupq_n_u16(0x7f)), vdupq_n_u16(0x7f)));
+    const float32x4_t lo = vmulq_f32(vcvt_f32_f16(vget_low_f16(h)), to_value);
+    const float32x4_t hi = vmulq_f32(vcvt_high_f32_f16(h), to_value);
+    return {vbslq_f32(vreinterpretq_u32_s32(vmovl_s16(vget_low_s16(is_nan))), nan, lo),
+            vbslq_f32(vreinterpretq_u32_s32(vmovl_high_s16(is_nan)), nan, hi)};
   } else if constexpr (D == DType::f16) {
     const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(static_cast<const uint16_t*>(row) + c));
     return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
@@ -513,6 +529,7 @@ const DecodeKernels* neon_decode_kernels(DType storage, int d) {
     case DType::f32: return neon_decode_set<DType::f32>();
     case DType::f16: return neon_decode_set<DType::f16>();
     case DType::bf16: return neon_decode_set<DType::bf16>();
+    case DType::e4m3: return neon_decode_set<DType::e4m3>();
     default: return nullptr;
   }
 }

@@ -184,6 +184,7 @@ const DecodeKernels* portable_decode_kernels(DType storage) {
     case DType::f32: return portable_decode_set<Storage<DType::f32>>("portable");
     case DType::f16: return portable_decode_set<Storage<DType::f16>>("portable");
     case DType::bf16: return portable_decode_set<Storage<DType::bf16>>("portable");
+    case DType::e4m3: return portable_decode_set<Storage<DType::e4m3>>("portable");
     default: return nullptr;
   }
 }

@@ -418,4 +418,15 @@ TEST_P(KVCachePaging, PagedMatchesContiguous) {
   FA_RUN_CASE(c.device, run_paging(c));
 }
 
+// The CPU backend keeps its workers' scratch between calls (attention.cpp ScratchPool): an FP8
+// decode right after a bf16 decode of the same shape, whose call sized that scratch without the
+// widened FP8 rows, still passes (D-87; a first version read past the scratch there).
+TEST(KVCacheCpuScratch, Fp8DecodeAfterBf16DecodeOfTheSameShape) {
+  KVCase c;
+  c.b = 2, c.h = 8, c.hk = 2, c.d = 128, c.capacity = 339;
+  run_kvcache(c);
+  c.fp8_cache = Fp8::per_head;
+  run_kvcache(c);
+}
+
 }  // namespace fa_test

@@ -679,14 +679,24 @@ struct StoredRows {
   DType storage;
   std::vector<float> f32;      // storage f32: the rows; else their values
   std::vector<uint16_t> bits;  // storage f16 / bf16
+  std::vector<uint8_t> bytes;  // storage e4m3
   const void* row(size_t at) const {
+    if (storage == DType::e4m3) return &bytes[at];
     return storage == DType::f32 ? static_cast<const void*>(&f32[at]) : static_cast<const void*>(&bits[at]);
   }
 };
 
 StoredRows stored(DType storage, const std::vector<float>& x) {
-  StoredRows r{storage, x, {}};
+  StoredRows r{storage, x, {}, {}};
   if (storage == DType::f32) return r;
+  if (storage == DType::e4m3) {
+    r.bytes.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      r.bytes[i] = flashattn::float_to_e4m3_bits(x[i]);
+      r.f32[i] = flashattn::e4m3_bits_to_float(r.bytes[i]);
+    }
+    return r;
+  }
   r.bits.resize(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     r.bits[i] = storage == DType::bf16 ? float_to_bf16_bits(x[i]) : flashattn::float_to_half_bits(x[i]);
@@ -701,14 +711,14 @@ class CpuDecodeSet : public ::testing::TestWithParam<DecodeSet> {
   // the CPU lacks the set or d is not a multiple of its vector).
   const DecodeKernels* set(DType storage, int d) const { return GetParam().get(storage, d); }
   bool any_served() const {
-    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    for (DType t : {DType::f32, DType::f16, DType::bf16, DType::e4m3}) {
       if (set(t, 128) != nullptr) return true;
     }
     return false;
   }
 };
 
-constexpr DType kDecodeStorages[] = {DType::f32, DType::f16, DType::bf16};
+constexpr DType kDecodeStorages[] = {DType::f32, DType::f16, DType::bf16, DType::e4m3};
 
 // keys rows of d elements, each at its own place in one buffer (stride d + 48, reversed), as
 // paged rows are.
@@ -810,6 +820,49 @@ TEST_P(CpuDecodeSet, ScoresMaxExp2AndPv) {
             }
           }
         }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// e4m3 rows (D-87) are read as their e4m3 values: with q one-hot at column c, score j is K row j's
+// value at c exactly, for every byte value but the two NaNs (at every position of a vector), and
+// a NaN byte in a row makes that key's score NaN.
+TEST_P(CpuDecodeSet, E4m3RowsReadAsTheirValues) {
+  if (!any_served()) GTEST_SKIP() << "no " << GetParam().name << " on this CPU (or not compiled in)";
+  if (std::string(GetParam().name) == "avx512bf16") GTEST_SKIP() << "the AVX512-BF16 set reads bf16 rows only";
+  int checked = 0;
+  for (int d : {128, 64, 32}) {
+    const DecodeKernels* k = set(DType::e4m3, d);
+    if (k == nullptr) continue;
+    ASSERT_STREQ(k->name, GetParam().name);
+    ASSERT_FALSE(k->bf16_query);
+    std::vector<uint8_t> bytes(size_t(kDecodeKeys) * d);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = uint8_t(i * 37 + i / 256);  // every byte value, at shifting positions
+      if ((bytes[i] & 0x7f) == 0x7f) bytes[i] = 0x7e;  // (no NaN: 0 x NaN would be NaN)
+    }
+    std::vector<const void*> rows(kDecodeKeys);
+    for (int j = 0; j < kDecodeKeys; ++j) rows[size_t(j)] = &bytes[size_t(j) * d];
+    for (int c = 0; c < d; ++c) {
+      std::vector<float> q(size_t(d), 0.0f), s(kDecodeKeys);
+      q[size_t(c)] = 1.0f;
+      k->scores(q.data(), 1, d, rows.data(), kDecodeKeys, s.data());
+      for (int j = 0; j < kDecodeKeys; ++j) {
+        const uint8_t b = bytes[size_t(j) * d + c];
+        ASSERT_EQ(s[size_t(j)], flashattn::e4m3_bits_to_float(b)) << "d=" << d << " byte " << int(b);
+      }
+      ++checked;
+    }
+    for (uint8_t nan : {uint8_t(0x7f), uint8_t(0xff)}) {
+      std::vector<uint8_t> with_nan = bytes;
+      with_nan[size_t(3) * d + 5] = nan;  // key 3, column 5
+      for (int j = 0; j < kDecodeKeys; ++j) rows[size_t(j)] = &with_nan[size_t(j) * d];
+      std::vector<float> q(size_t(d), 0.5f), s(kDecodeKeys);
+      k->scores(q.data(), 1, d, rows.data(), kDecodeKeys, s.data());
+      for (int j = 0; j < kDecodeKeys; ++j) {
+        ASSERT_EQ(std::isnan(s[size_t(j)]), j == 3) << "d=" << d << " key " << j << " NaN byte " << int(nan);
       }
     }
   }
