@@ -157,8 +157,14 @@ const Bf16Kernels* amx_kernels();
 // AVX512-BF16) or its level is not allowed.
 const Bf16Kernels* avx512bf16_kernels();
 
-// The bf16 set this process uses: AMX, else AVX512-BF16, else nullptr (bf16 then takes the fp32
-// tiles of tile_kernels()).
+// Whether the AVX512-BF16 products outrun the fp32 tiles on this CPU (docs/DECISIONS.md D-88):
+// on AMD (Zen 4: 1.8-2.1x, D-70), not on Intel without AMX (0.55-0.8x): an AMD CPU.
+bool avx512bf16_products_pay();
+
+// The bf16 set this process uses: AMX, else AVX512-BF16 where its products pay
+// (avx512bf16_products_pay) or the kernel cap is exactly avx512bf16 (FLASHATTN_KERNEL=...,
+// cpu=avx512bf16: the tests run the set on any CPU that has it), else nullptr (bf16 then takes
+// the fp32 tiles of tile_kernels()).
 const Bf16Kernels* bf16_kernels();
 
 // ---- decode kernels: one query row against K/V rows read in place (D-72) -----------------------

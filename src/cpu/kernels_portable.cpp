@@ -161,6 +161,15 @@ bool kernel_level_allowed(KernelLevel level) {
   return int(level) <= int(highest);
 }
 
+bool avx512bf16_products_pay() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+#else
+  return false;
+#endif
+}
+
 const TileKernels& portable_kernels() {
   static const TileKernels kernels{"portable", kRowLanes, 1, 0, scores, tile_max, exp2_sum, scale_rows, pv, scaled_to_bf16, transpose};
   return kernels;
@@ -206,7 +215,11 @@ const DecodeKernels& decode_kernels(DType storage, int d) {
 }
 
 const Bf16Kernels* bf16_kernels() {
-  static const Bf16Kernels* const chosen = amx_kernels() != nullptr ? amx_kernels() : avx512bf16_kernels();
+  static const Bf16Kernels* const chosen = [] {
+    if (amx_kernels() != nullptr) return amx_kernels();
+    const bool asked = kernel_override_from_env().cpu_kernels == CpuKernels::avx512bf16;
+    return avx512bf16_products_pay() || asked ? avx512bf16_kernels() : nullptr;  // D-88
+  }();
   return chosen;
 }
 

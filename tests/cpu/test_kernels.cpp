@@ -933,4 +933,25 @@ TEST(CpuKernels, DispatchTakesTheFastestAllowedSet) {
 #endif
 }
 
+// D-88: the AVX512-BF16 products run where they outrun the fp32 tiles (AMD), or where the cap asks
+// for exactly them (ctest's cpu_kernels_avx512bf16 runs the set end to end on any CPU that has
+// it); elsewhere bf16 prefill takes the fp32 tiles. AMX, where present and allowed, comes first.
+TEST(CpuKernels, Bf16ProductsWhereTheyPayOrAreAsked) {
+  namespace cpu = flashattn::cpu;
+  const Bf16Kernels* chosen = cpu::bf16_kernels();
+  std::printf("[ kernels  ] bf16 tile products: %s\n", chosen != nullptr ? chosen->name : "none (the fp32 tiles)");
+  if (cpu::amx_kernels() != nullptr) {
+    EXPECT_EQ(chosen, cpu::amx_kernels());
+    return;
+  }
+  const bool asked = flashattn::kernel_override_from_env().cpu_kernels == flashattn::CpuKernels::avx512bf16;
+  if (cpu::avx512bf16_kernels() == nullptr) {
+    EXPECT_EQ(chosen, nullptr) << "no AVX512-BF16 set on this CPU (or not allowed)";
+  } else if (asked) {
+    EXPECT_EQ(chosen, cpu::avx512bf16_kernels()) << "cpu=avx512bf16 asks for the set";
+  } else {
+    EXPECT_EQ(chosen != nullptr, cpu::avx512bf16_products_pay());
+  }
+}
+
 }  // namespace
