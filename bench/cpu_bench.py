@@ -10,8 +10,8 @@ halved when causal. Decode: bf16, one query row per sequence, 32 query heads ove
 d = 128, batch 1 and 8, context 4k and 32k, contiguous and paged (page 16); GB/s of the K and V
 bytes read, next to the bandwidth a plain numpy.sum shows over as many bytes (the floor the issue
 measures decode against). With torch, also the same cache in float8_e4m3fn (contiguous, descales
-given), timed in turns with our bf16 call: its GB/s of e4m3 bytes and its speedup over bf16. Times are the best of --repeat calls after one warm-up call, ours and
-torch's taking turns.
+given), timed in turns with our bf16 call: its GB/s of e4m3 bytes and its speedup over bf16.
+Times are the best of --repeat calls after one warm-up call, ours and torch's taking turns.
 Without torch, flashattn runs alone (fp32 from NumPy; bf16 through ml_dtypes when installed).
 """
 import argparse
@@ -169,6 +169,7 @@ def decode_points(b, ctx, repeat):
         row.update(torch_ms=theirs * 1e3, torch_gbs=nbytes / theirs / 1e9, ratio=theirs / ours)
         del calls, tk, tv
     rows.append(row)
+    fp8_row = fp8_cache_point(q, k, v, seqlens, base, repeat) if torch is not None else None
     pk, table = paged_copy(k, DECODE_PAGE)
     del k
     pv, _ = paged_copy(v, DECODE_PAGE)
@@ -178,18 +179,15 @@ def decode_points(b, ctx, repeat):
     rows.append(dict(base, page_size=DECODE_PAGE, ours_ms=ours * 1e3, ours_gbs=nbytes / ours / 1e9))
     for r in rows:
         r["fraction_of_floor"] = r["ours_gbs"] / floor
-    if torch is not None:
-        rows.append(fp8_cache_point(q, pk, pv, table, seqlens, base, repeat))
+    if fp8_row is not None:
+        rows.append(fp8_row)
     return rows
 
 
-def fp8_cache_point(q, pk, pv, table, seqlens, base, repeat):
-    """The contiguous cache (rebuilt from the pages) in float8_e4m3fn with per-(batch, KV head)
-    descales, timed in turns with our bf16 call on the same cache."""
-    b, ctx = base["batch"], base["context"]
-    k, v = (x[torch.from_numpy(np.asarray(table)).reshape(-1)].reshape(b, ctx, *x.shape[2:]).contiguous()
-            for x in (pk, pv))
-    descale = torch.ones(b, base["kv_heads"])
+def fp8_cache_point(q, k, v, seqlens, base, repeat):
+    """The contiguous cache k, v in float8_e4m3fn with per-(batch, KV head) descales, timed in
+    turns with our bf16 call on k, v."""
+    descale = torch.ones(base["batch"], base["kv_heads"])
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
     nbytes = base["bytes"] // 2  # one byte per element
     floor = numpy_sum_gbs(nbytes, repeat)

@@ -835,11 +835,6 @@ bool use_decode_walk(const AttnParams& p, const ScoreUnits& units) {
   return p.seqlen_q == 1 && !units.logits && q_read && (kv_fp8 || p.kv_storage == p.dtype);
 }
 
-// The decode kernels of a call: those of its K/V storage.
-const DecodeKernels& decode_kernels_of(const AttnParams& p) {
-  return decode_kernels(p.kv_storage == DType::e4m3 ? DType::e4m3 : p.dtype, p.head_dim);
-}
-
 void allocate_decode(Scratch& ws, const AttnParams& p) {
   const int heads = p.num_heads, d = p.head_dim;
   if (ws.decode_heads == heads && ws.decode_d == d && ws.decode_heads_k == p.num_heads_k) return;
@@ -990,7 +985,7 @@ void run_decode_item(const AttnParams& p, const TileKernels& kern, const DecodeK
 template <typename S, typename QS, typename KS>
 void run_decode(const AttnParams& p, const ScoreUnits& units) {
   const TileKernels& kern = tile_kernels();
-  const DecodeKernels& dk = decode_kernels_of(p);
+  const DecodeKernels& dk = decode_kernels(p.kv_storage, p.head_dim);  // (use_decode_walk: e4m3 or dtype)
   const int splits = std::max(p.num_splits, 1);
   const int64_t items = int64_t(p.batch) * splits;
   const int workers = resolve_threads(p.num_threads, items);
