@@ -195,7 +195,8 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
     case TileOrder::per_unit: heavy = false; break;
     default: {
       const int window_right = options.causal ? 0 : options.window_right;  // causal: right window 0
-      heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles);  // D-6
+      const bool persistent_grid = c.kernel == Kernel::warpspec && c.persistent_ctas > 0;
+      heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles, persistent_grid);  // D-6, D-89
     }
   }
   c.heavy_tiles_first = heavy && w.query_tiles <= kMaxGridYZ;

@@ -161,11 +161,14 @@ inline bool warpspec_fills_sms(int64_t work_tiles, int sms) { return double(work
 inline int64_t warpspec_persistent_ctas(int sms, bool varlen) { return varlen ? 0 : sms; }
 
 // Query tiles start heaviest first across all units where a tile's walk grows with its rows
-// (causal, or a right window alone): +3-10% at d = 128/256 causal; without a mask the unit-by-unit
-// order keeps a unit's K/V shared in L2 (heavy first lost 5-11% there) (D-6).
-inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles) {
+// (causal, or a right window alone): +3-10% at d = 128/256 causal on the one-CTA-per-tile grids;
+// without a mask the unit-by-unit order keeps a unit's K/V shared in L2 (heavy first lost 5-11%
+// there) (D-6). On the warpspec kernel's persistent grid the tiles go unit by unit, each unit's
+// heaviest first: there heavy first across units read each unit's K/V again for every query tile
+// (D-89).
+inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles, bool persistent_grid) {
   const bool walk_grows_with_rows = window_right >= 0 && window_left < 0;
-  return walk_grows_with_rows && query_tiles > 1;
+  return walk_grows_with_rows && query_tiles > 1 && !persistent_grid;
 }
 
 }  // namespace flashattn

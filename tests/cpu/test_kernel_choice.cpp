@@ -186,14 +186,15 @@ TEST(WgmmaTileRule, NinetySixKeysWhereTheyDoNotPadTheKeys) {
 namespace {
 
 // tuning.h heavy_tiles_first (CUDA launch order): heaviest query tiles first across units where
-// a tile's walk grows with its rows.
+// a tile's walk grows with its rows, on the one-CTA-per-tile grids.
 TEST(TileOrderRule, HeavyFirstWhereWalksGrowWithTheRows) {
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 4));     // causal, s = 512 at 128 rows
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 128));   // causal, s = 16k
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 1));    // one tile: nothing to order
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, -1, 4));   // no mask: equal walks
-  EXPECT_FALSE(flashattn::heavy_tiles_first(64, 0, 4));    // sliding window: equal walks
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 16, 4));    // right window only: growing walks
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 4, false));     // causal, s = 512 at 128 rows
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 128, false));   // causal, s = 16k
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 1, false));    // one tile: nothing to order
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, -1, 4, false));   // no mask: equal walks
+  EXPECT_FALSE(flashattn::heavy_tiles_first(64, 0, 4, false));    // sliding window: equal walks
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 4, true));     // persistent grid: unit by unit (D-89)
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 16, 4, false));    // right window only: growing walks
 }
 
 }  // namespace
@@ -539,10 +540,19 @@ TEST(KernelChoice, WgmmaTilesPerHeadDim) {  // D-2, D-5
   EXPECT_EQ(choose(prefill(4096, 256), o, 0, h200(256)).wgmma_tile, flashattn::WgmmaTile::wide);
 }
 
-TEST(KernelChoice, CausalPrefillStartsItsHeaviestTilesFirst) {  // D-6
+TEST(KernelChoice, CausalPrefillStartsItsHeaviestTilesFirst) {  // D-6, D-89
   flashattn::AttentionOptions causal;
   causal.causal = true;
-  EXPECT_TRUE(choose(prefill(1024), {}, 0, h200(), causal).heavy_tiles_first);
+  Problem dense = prefill(1024);
+  dense.tma_describable = true;
+  const KernelChoice persistent = choose(dense, {}, 0, h200(), causal);
+  ASSERT_EQ(persistent.kernel, Kernel::warpspec);
+  ASSERT_GT(persistent.persistent_ctas, 0);
+  EXPECT_FALSE(persistent.heavy_tiles_first);  // the persistent grid walks unit by unit (D-89)
+  flashattn::KernelOverride tiles;
+  tiles.prefill_ctas = -1;  // grid=tiles: one CTA per query tile
+  EXPECT_TRUE(choose(dense, tiles, 0, h200(), causal).heavy_tiles_first);
+  EXPECT_TRUE(choose(prefill(1024), {}, 0, h200(), causal).heavy_tiles_first);  // the wgmma kernel
   EXPECT_FALSE(choose(prefill(1024)).heavy_tiles_first);
   EXPECT_FALSE(choose(prefill(128), {}, 0, h200(), causal).heavy_tiles_first);  // one tile
   flashattn::KernelOverride order;
