@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "common/rules.h"
 #include "common/tuning.h"
@@ -174,6 +176,19 @@ WgmmaTile wgmma_tile_for(const Problem& p, int served_head_dim, WgmmaTile forced
   return narrow_compiled ? WgmmaTile::narrow : WgmmaTile::wide;                             // D-2
 }
 
+// The persistent warpspec grid's causal tiles unit by unit where that loads its rounds about as
+// evenly as heavy first (tuning.h kUnitOrderImbalanceSlack, D-89).
+bool unit_order_balances(const Problem& p, const Work& w, const KernelChoice& c) {
+  const int64_t query_tiles = ceil_div(std::max(p.seqlen_q, 1), kQueryTileRows);  // warpspec: unpacked rows
+  const int64_t tiles = w.units * query_tiles;
+  if (tiles > kUnitOrderMaxModelledTiles) return false;
+  const int ctas = int(std::min(c.persistent_ctas, tiles));
+  auto imbalance = [&](bool unit_by_unit) {
+    return persistent_round_imbalance(w.units, query_tiles, ctas, unit_by_unit, p.seqlen_q, p.seqlen_k);
+  };
+  return imbalance(true) <= imbalance(false) + kUnitOrderImbalanceSlack;
+}
+
 void choose_prefill(const Problem& p, const AttentionOptions& options, const DeviceFacts& d, const Work& w,
                     const KernelOverride& o, KernelChoice& c) {
   // e4m3 runs on the mma kernel (launch_template.h run_fwd_fp8), or with q, k and v all e4m3 at
@@ -195,14 +210,36 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
     case TileOrder::per_unit: heavy = false; break;
     default: {
       const int window_right = options.causal ? 0 : options.window_right;  // causal: right window 0
-      const bool persistent_grid = c.kernel == Kernel::warpspec && c.persistent_ctas > 0;
-      heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles, persistent_grid);  // D-6, D-89
+      heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles);  // D-6
+      if (heavy && c.kernel == Kernel::warpspec && c.persistent_ctas > 0) heavy = !unit_order_balances(p, w, c);  // D-89
     }
   }
   c.heavy_tiles_first = heavy && w.query_tiles <= kMaxGridYZ;
 }
 
 }  // namespace
+
+double persistent_round_imbalance(int64_t units, int64_t query_tiles, int ctas, bool unit_by_unit, int seqlen_q,
+                                  int seqlen_k) {
+  if (units <= 0 || query_tiles <= 0 || ctas <= 0) return 1.0;
+  const int64_t tiles = units * query_tiles;
+  // Query tile m of a unit counted from the heaviest (cta_geometry.h cta_info_at): its rows end
+  // at (query_tiles - m) x kQueryTileRows, capped at seqlen_q.
+  auto cost = [&](int64_t m) {
+    const int64_t last_row = std::min<int64_t>((query_tiles - m) * kQueryTileRows, seqlen_q);
+    const int64_t keys = std::clamp<int64_t>(int64_t(seqlen_k) - seqlen_q + last_row, 0, seqlen_k);
+    return double(keys + kQueryTileRows);
+  };
+  std::vector<double> load(ctas, 0.0);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t round = t / ctas, in_round = t - round * ctas;
+    const int64_t cta = (round & 1) ? ctas - 1 - in_round : in_round;  // tile_of_round's snake
+    const int64_t m = unit_by_unit ? t % query_tiles : t / units;
+    load[cta] += cost(m);
+  }
+  const double total = std::accumulate(load.begin(), load.end(), 0.0);
+  return *std::max_element(load.begin(), load.end()) / (total / ctas);
+}
 
 // How full the last of the rounds is when `items` items run `processors` at a time (1 when they
 // come out even): the fraction of the rounds' slots that hold an item.

@@ -163,12 +163,21 @@ inline int64_t warpspec_persistent_ctas(int sms, bool varlen) { return varlen ? 
 // Query tiles start heaviest first across all units where a tile's walk grows with its rows
 // (causal, or a right window alone): +3-10% at d = 128/256 causal on the one-CTA-per-tile grids;
 // without a mask the unit-by-unit order keeps a unit's K/V shared in L2 (heavy first lost 5-11%
-// there) (D-6). On the warpspec kernel's persistent grid the tiles go unit by unit, each unit's
-// heaviest first: there heavy first across units read each unit's K/V again for every query tile
-// (D-89).
-inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles, bool persistent_grid) {
+// there) (D-6).
+inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles) {
   const bool walk_grows_with_rows = window_right >= 0 && window_left < 0;
-  return walk_grows_with_rows && query_tiles > 1 && !persistent_grid;
+  return walk_grows_with_rows && query_tiles > 1;
 }
+
+// On the warpspec kernel's persistent grid, where heavy_tiles_first holds, the tiles still go
+// unit by unit (each unit's heaviest first, so that the query tiles sharing a unit's K/V run side
+// by side) unless that leaves the CTAs' rounds unevenly loaded: unit by unit is taken where the
+// modelled load of the busiest CTA (api/kernel_choice.cpp persistent_round_imbalance) is at most
+// kUnitOrderImbalanceSlack above heavy first's. Causal H100 CLI bench: unit by unit 1.13-1.45x
+// heavy first at d = 128/256 with 512-4k keys; at 16 or fewer units of 64-128 tiles (model:
+// 1.5-1.8) 0.60-0.72x (D-89).
+constexpr double kUnitOrderImbalanceSlack = 0.05;
+// Tiles past which the model is not run (heavy first kept): its cost is one step per tile.
+constexpr int64_t kUnitOrderMaxModelledTiles = int64_t(1) << 18;
 
 }  // namespace flashattn

@@ -186,15 +186,30 @@ TEST(WgmmaTileRule, NinetySixKeysWhereTheyDoNotPadTheKeys) {
 namespace {
 
 // tuning.h heavy_tiles_first (CUDA launch order): heaviest query tiles first across units where
-// a tile's walk grows with its rows, on the one-CTA-per-tile grids.
+// a tile's walk grows with its rows.
 TEST(TileOrderRule, HeavyFirstWhereWalksGrowWithTheRows) {
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 4, false));     // causal, s = 512 at 128 rows
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 128, false));   // causal, s = 16k
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 1, false));    // one tile: nothing to order
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, -1, 4, false));   // no mask: equal walks
-  EXPECT_FALSE(flashattn::heavy_tiles_first(64, 0, 4, false));    // sliding window: equal walks
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 4, true));     // persistent grid: unit by unit (D-89)
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 16, 4, false));    // right window only: growing walks
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 4));            // causal, s = 512 at 128 rows
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 128));          // causal, s = 16k
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 1));           // one tile: nothing to order
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, -1, 4));          // no mask: equal walks
+  EXPECT_FALSE(flashattn::heavy_tiles_first(64, 0, 4));           // sliding window: equal walks
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 16, 4));           // right window only: growing walks
+}
+
+// kernel_choice.h persistent_round_imbalance (D-89): the model that picks the persistent grid's
+// causal tile order. Heavy first loads the snake rounds evenly; unit by unit does where a round
+// spans many units, and not where a unit's tiles nearly fill a round (16 units of 128 tiles on
+// 132 CTAs: each CTA meets the same place in every unit's heavy-to-light run).
+TEST(TileOrderRule, PersistentRoundImbalanceModel) {
+  using flashattn::persistent_round_imbalance;
+  EXPECT_LT(persistent_round_imbalance(16, 128, 132, false, 16384, 16384), 1.01);
+  EXPECT_GT(persistent_round_imbalance(16, 128, 132, true, 16384, 16384), 1.4);
+  EXPECT_LT(persistent_round_imbalance(512, 4, 132, true, 512, 512), 1.05);
+  EXPECT_LT(persistent_round_imbalance(64, 32, 132, true, 4096, 4096), 1.05);
+  // equal walks (a chunk over a long cache, one tile per unit) are even either way
+  EXPECT_DOUBLE_EQ(persistent_round_imbalance(132, 1, 132, true, 128, 8192), 1.0);
+  // one CTA takes everything: no imbalance
+  EXPECT_DOUBLE_EQ(persistent_round_imbalance(3, 7, 1, true, 896, 896), 1.0);
 }
 
 }  // namespace
@@ -549,6 +564,10 @@ TEST(KernelChoice, CausalPrefillStartsItsHeaviestTilesFirst) {  // D-6, D-89
   ASSERT_EQ(persistent.kernel, Kernel::warpspec);
   ASSERT_GT(persistent.persistent_ctas, 0);
   EXPECT_FALSE(persistent.heavy_tiles_first);  // the persistent grid walks unit by unit (D-89)
+  Problem few_long_units = dense;  // 16 units of 128 tiles: unit by unit would load the rounds unevenly
+  few_long_units.batch = 1;
+  few_long_units.seqlen_q = few_long_units.seqlen_k = 16384;
+  EXPECT_TRUE(choose(few_long_units, {}, 0, h200(), causal).heavy_tiles_first);
   flashattn::KernelOverride tiles;
   tiles.prefill_ctas = -1;  // grid=tiles: one CTA per query tile
   EXPECT_TRUE(choose(dense, tiles, 0, h200(), causal).heavy_tiles_first);
