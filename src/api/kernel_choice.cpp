@@ -196,8 +196,11 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
   const bool wgmma = serves_wgmma(d, w, c.num_splits) && o.kernel != Kernel::mma && !p.fp8;  // D-1
   c.kernel = wgmma ? Kernel::wgmma : Kernel::mma;
   if (wgmma) c.wgmma_tile = wgmma_tile_for(p, d.served_head_dim, o.wgmma_tile);
+  const int window_right = options.causal ? 0 : options.window_right;  // causal: right window 0
+  const bool walk_grows = walk_grows_with_rows(options.window_left, window_right);
   const bool warpspec_wanted =
-      o.kernel == Kernel::warpspec || (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim, p.varlen, p.fp8));  // D-62, D-79
+      o.kernel == Kernel::warpspec ||
+      (o.kernel == Kernel::automatic && warpspec_pays(d.served_head_dim, p.varlen, p.fp8, walk_grows, p.seqlen_k));  // D-62, D-79, D-90
   const bool warpspec_reads_it = !p.fp8 || (p.fp8_qkv && fp8_products_head_dim(d.served_head_dim));
   if (warpspec_wanted && serves_warpspec(p, d, w, c) && warpspec_reads_it) c.kernel = Kernel::warpspec;
   if (c.kernel == Kernel::warpspec) {
@@ -209,7 +212,6 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
     case TileOrder::heavy_first: heavy = w.query_tiles > 1; break;
     case TileOrder::per_unit: heavy = false; break;
     default: {
-      const int window_right = options.causal ? 0 : options.window_right;  // causal: right window 0
       heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles);  // D-6
       if (heavy && c.kernel == Kernel::warpspec && c.persistent_ctas > 0) heavy = !unit_order_balances(p, w, c);  // D-89
     }

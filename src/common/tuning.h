@@ -135,14 +135,21 @@ inline bool keys_suit_96_key_tile(int seqlen_k) {
   return padded96 * 100 <= padded64 * 105;
 }
 
+// Whether a query tile's walk grows with its rows: a causal mask, or a right window alone.
+inline bool walk_grows_with_rows(int window_left, int window_right) { return window_right >= 0 && window_left < 0; }
+
 // sm_90, dense calls TMA can describe: the warp-specialised kernel from d = 128 up (d = 128 and
 // 256, 1k-16k keys: 1.0-1.43x the wgmma kernel's TFLOP/s, level only at d = 128 1k causal); at
-// d = 64 the wgmma kernel's 96-key tile stays (warpspec 0.91-1.02x it) (D-62).
+// d = 64 the wgmma kernel's 96-key tile stays (warpspec 0.91-1.02x it) (D-62), except for walks
+// that grow with their rows over at most kWarpspecShortCausalKeys keys, where warpspec (its
+// causal tiles unit by unit, D-89) measured 1.04-1.10x it (D-90).
 // Varlen calls in bf16/fp16 stay on the wgmma kernel: warpspec measured 0.70-0.94x it there
 // (random lengths, one CTA per query tile; D-79); varlen e4m3 calls take warpspec's FP8 products
 // (1.7-2.1x the mma kernel that served them before, D-79).
-inline bool warpspec_pays(int served_head_dim, bool varlen, bool fp8) {
-  return served_head_dim >= 128 && (!varlen || fp8);
+constexpr int kWarpspecShortCausalKeys = 2048;
+inline bool warpspec_pays(int served_head_dim, bool varlen, bool fp8, bool walk_grows, int seqlen_k) {
+  const bool short_growing_walks = walk_grows && seqlen_k <= kWarpspecShortCausalKeys;
+  return (served_head_dim >= 128 || short_growing_walks) && (!varlen || fp8);
 }
 
 // Split-KV prefill (the mma kernel) is not taken where the unsplit call runs on the warpspec
@@ -165,8 +172,7 @@ inline int64_t warpspec_persistent_ctas(int sms, bool varlen) { return varlen ? 
 // without a mask the unit-by-unit order keeps a unit's K/V shared in L2 (heavy first lost 5-11%
 // there) (D-6).
 inline bool heavy_tiles_first(int window_left, int window_right, int64_t query_tiles) {
-  const bool walk_grows_with_rows = window_right >= 0 && window_left < 0;
-  return walk_grows_with_rows && query_tiles > 1;
+  return walk_grows_with_rows(window_left, window_right) && query_tiles > 1;
 }
 
 // On the warpspec kernel's persistent grid, where heavy_tiles_first holds, the tiles still go

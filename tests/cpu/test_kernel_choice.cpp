@@ -345,6 +345,12 @@ TEST(KernelChoice, WarpspecServesDenseTmaDescribableUnpackedUnsplitPrefillOnly) 
   Problem dense64 = prefill(1024, 64);
   dense64.tma_describable = true;
   EXPECT_EQ(choose(dense64, {}, 0, h200(64)).kernel, Kernel::wgmma);  // the 96-key wgmma tile stays
+  flashattn::AttentionOptions causal;
+  causal.causal = true;
+  EXPECT_EQ(choose(dense64, {}, 0, h200(64), causal).kernel, Kernel::warpspec);  // D-90: short causal walks
+  Problem long64 = prefill(4096, 64);
+  long64.tma_describable = true;
+  EXPECT_EQ(choose(long64, {}, 0, h200(64), causal).kernel, Kernel::wgmma);  // past 2k keys: wgmma
   EXPECT_EQ(choose(dense64, forced, 0, h200(64)).kernel, Kernel::warpspec);
   flashattn::KernelOverride wgmma;
   wgmma.kernel = Kernel::wgmma;
