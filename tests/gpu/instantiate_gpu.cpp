@@ -13,10 +13,12 @@ FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaMma, flashattn::Device::cuda, forced(Kernel
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWgmma, flashattn::Device::cuda, forced(Kernel::wgmma));
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWarpspec, flashattn::Device::cuda, forced(Kernel::warpspec));
 // Three warpspec CTAs: each takes many query tiles in turn (its pipelines and Q's buffer carried
-// from tile to tile).
+// from tile to tile), heaviest first across units (the order D-89's model keeps only for large
+// calls, which the automatic sweep seldom reaches).
 inline flashattn::KernelOverride warpspec_on_three_ctas() {
   flashattn::KernelOverride o = forced(Kernel::warpspec);
   o.prefill_ctas = 3;
+  o.tile_order = flashattn::TileOrder::heavy_first;
   return o;
 }
 FA_INSTANTIATE_PREFILL_SWEEPS_ON(CudaWarpspecThreeCtas, flashattn::Device::cuda, warpspec_on_three_ctas());
