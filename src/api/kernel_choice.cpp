@@ -179,12 +179,12 @@ WgmmaTile wgmma_tile_for(const Problem& p, int served_head_dim, WgmmaTile forced
 // The persistent warpspec grid's causal tiles unit by unit where that loads its rounds about as
 // evenly as heavy first (tuning.h kUnitOrderImbalanceSlack, D-89).
 bool unit_order_balances(const Problem& p, const Work& w, const KernelChoice& c) {
-  const int64_t query_tiles = ceil_div(std::max(p.seqlen_q, 1), kQueryTileRows);  // warpspec: unpacked rows
-  const int64_t tiles = w.units * query_tiles;
+  // (warpspec rows are unpacked and, past one tile, kQueryTileRows to a tile: w.query_tiles)
+  const int64_t tiles = w.work_tiles;
   if (tiles > kUnitOrderMaxModelledTiles) return false;
   const int ctas = int(std::min(c.persistent_ctas, tiles));
   auto imbalance = [&](bool unit_by_unit) {
-    return persistent_round_imbalance(w.units, query_tiles, ctas, unit_by_unit, p.seqlen_q, p.seqlen_k);
+    return persistent_round_imbalance(w.units, w.query_tiles, ctas, unit_by_unit, p.seqlen_q, p.seqlen_k);
   };
   return imbalance(true) <= imbalance(false) + kUnitOrderImbalanceSlack;
 }
@@ -224,20 +224,28 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
 double persistent_round_imbalance(int64_t units, int64_t query_tiles, int ctas, bool unit_by_unit, int seqlen_q,
                                   int seqlen_k) {
   if (units <= 0 || query_tiles <= 0 || ctas <= 0) return 1.0;
-  const int64_t tiles = units * query_tiles;
   // Query tile m of a unit counted from the heaviest (cta_geometry.h cta_info_at): its rows end
   // at (query_tiles - m) x kQueryTileRows, capped at seqlen_q.
-  auto cost = [&](int64_t m) {
+  std::vector<double> cost(query_tiles);
+  for (int64_t m = 0; m < query_tiles; ++m) {
     const int64_t last_row = std::min<int64_t>((query_tiles - m) * kQueryTileRows, seqlen_q);
     const int64_t keys = std::clamp<int64_t>(int64_t(seqlen_k) - seqlen_q + last_row, 0, seqlen_k);
-    return double(keys + kQueryTileRows);
-  };
+    cost[m] = double(keys + kQueryTileRows);
+  }
+  // The tiles in make_tile_info's order: m advances every tile (unit by unit) or every `units`
+  // tiles (heavy first); the CTAs take them in tile_of_round's snake rounds. No divisions: this
+  // runs on the host for every causal call it decides.
+  const int64_t tiles = units * query_tiles, tiles_per_m = unit_by_unit ? 1 : units;
   std::vector<double> load(ctas, 0.0);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t round = t / ctas, in_round = t - round * ctas;
-    const int64_t cta = (round & 1) ? ctas - 1 - in_round : in_round;  // tile_of_round's snake
-    const int64_t m = unit_by_unit ? t % query_tiles : t / units;
-    load[cta] += cost(m);
+  int64_t t = 0, m = 0, at_m = 0;
+  for (int64_t round = 0; t < tiles; ++round) {
+    for (int64_t i = 0; i < ctas && t < tiles; ++i, ++t) {
+      load[(round & 1) ? ctas - 1 - i : i] += cost[m];
+      if (++at_m == tiles_per_m) {
+        at_m = 0;
+        if (++m == query_tiles) m = 0;
+      }
+    }
   }
   const double total = std::accumulate(load.begin(), load.end(), 0.0);
   return *std::max_element(load.begin(), load.end()) / (total / ctas);

@@ -188,12 +188,12 @@ namespace {
 // tuning.h heavy_tiles_first (CUDA launch order): heaviest query tiles first across units where
 // a tile's walk grows with its rows.
 TEST(TileOrderRule, HeavyFirstWhereWalksGrowWithTheRows) {
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 4));            // causal, s = 512 at 128 rows
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 128));          // causal, s = 16k
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 1));           // one tile: nothing to order
-  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, -1, 4));          // no mask: equal walks
-  EXPECT_FALSE(flashattn::heavy_tiles_first(64, 0, 4));           // sliding window: equal walks
-  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 16, 4));           // right window only: growing walks
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 4));     // causal, s = 512 at 128 rows
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 0, 128));   // causal, s = 16k
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, 0, 1));    // one tile: nothing to order
+  EXPECT_FALSE(flashattn::heavy_tiles_first(-1, -1, 4));   // no mask: equal walks
+  EXPECT_FALSE(flashattn::heavy_tiles_first(64, 0, 4));    // sliding window: equal walks
+  EXPECT_TRUE(flashattn::heavy_tiles_first(-1, 16, 4));    // right window only: growing walks
 }
 
 // kernel_choice.h persistent_round_imbalance (D-89): the model that picks the persistent grid's
