@@ -10,6 +10,7 @@ stall reasons per issued instruction, largest first.
 import argparse
 import json
 import re
+import subprocess
 
 METRICS = {  # record field: the ncu line's name
     "duration_ms": "Duration",
@@ -53,18 +54,28 @@ def finish(row, stalls):
     return row
 
 
+def gpu_name():
+    """The first GPU's name as nvidia-smi gives it, or "unknown GPU" without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True).stdout
+        return out.splitlines()[0].strip()
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown GPU"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="NVIDIA H200")
+    ap.add_argument("--device", default=None, help="the GPU's name (default: asked of nvidia-smi)")
     ap.add_argument("--note")
     args = ap.parse_args()
     with open(args.log) as f:
         rows = parse(f.read())
     if not rows:
         raise SystemExit(f"no profile sections in {args.log}")
-    record = {"device": args.device, "rows": rows}
+    record = {"device": args.device or gpu_name(), "rows": rows}
     if args.note:
         record["note"] = args.note
     with open(args.out, "w") as f:
