@@ -178,13 +178,13 @@ WgmmaTile wgmma_tile_for(const Problem& p, int served_head_dim, WgmmaTile forced
 
 // The persistent warpspec grid's causal tiles unit by unit where that loads its rounds about as
 // evenly as heavy first (tuning.h kUnitOrderImbalanceSlack, D-89).
-bool unit_order_balances(const Problem& p, const Work& w, const KernelChoice& c) {
+bool unit_order_balances(const Problem& p, const Work& w, const KernelChoice& c, int window_right) {
   // (warpspec rows are unpacked and, past one tile, kQueryTileRows to a tile: w.query_tiles)
   const int64_t tiles = w.work_tiles;
   if (tiles > kUnitOrderMaxModelledTiles) return false;
   const int ctas = int(std::min(c.persistent_ctas, tiles));
   auto imbalance = [&](bool unit_by_unit) {
-    return persistent_round_imbalance(w.units, w.query_tiles, ctas, unit_by_unit, p.seqlen_q, p.seqlen_k);
+    return persistent_round_imbalance(w.units, w.query_tiles, ctas, unit_by_unit, p.seqlen_q, p.seqlen_k, window_right);
   };
   return imbalance(true) <= imbalance(false) + kUnitOrderImbalanceSlack;
 }
@@ -213,7 +213,7 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
     case TileOrder::per_unit: heavy = false; break;
     default: {
       heavy = heavy_tiles_first(options.window_left, window_right, w.query_tiles);  // D-6
-      if (heavy && c.kernel == Kernel::warpspec && c.persistent_ctas > 0) heavy = !unit_order_balances(p, w, c);  // D-89
+      if (heavy && c.kernel == Kernel::warpspec && c.persistent_ctas > 0) heavy = !unit_order_balances(p, w, c, window_right);  // D-89
     }
   }
   c.heavy_tiles_first = heavy && w.query_tiles <= kMaxGridYZ;
@@ -222,15 +222,18 @@ void choose_prefill(const Problem& p, const AttentionOptions& options, const Dev
 }  // namespace
 
 double persistent_round_imbalance(int64_t units, int64_t query_tiles, int ctas, bool unit_by_unit, int seqlen_q,
-                                  int seqlen_k) {
+                                  int seqlen_k, int window_right) {
   if (units <= 0 || query_tiles <= 0 || ctas <= 0) return 1.0;
   // Query tile m of a unit counted from the heaviest (cta_geometry.h cta_info_at): its rows end
-  // at (query_tiles - m) x kQueryTileRows, capped at seqlen_q.
+  // at (query_tiles - m) x kQueryTileRows, capped at seqlen_q; its last row's keys are the mask's
+  // (rules.h visible_keys; no left window: the walks grow with their rows).
+  AttnParams mask;
+  mask.window_right = window_right;
   std::vector<double> cost(query_tiles);
   for (int64_t m = 0; m < query_tiles; ++m) {
-    const int64_t last_row = std::min<int64_t>((query_tiles - m) * kQueryTileRows, seqlen_q);
-    const int64_t keys = std::clamp<int64_t>(int64_t(seqlen_k) - seqlen_q + last_row, 0, seqlen_k);
-    cost[m] = double(keys + kQueryTileRows);
+    const int last_row = int(std::min<int64_t>((query_tiles - m) * kQueryTileRows, seqlen_q));
+    const KeyRange keys = visible_keys(mask, last_row - 1, seqlen_q, seqlen_k);
+    cost[m] = double(keys.hi - keys.lo + kQueryTileRows);
   }
   // The tiles in make_tile_info's order: m advances every tile (unit by unit) or every `units`
   // tiles (heavy first); the CTAs take them in tile_of_round's snake rounds. No divisions: this

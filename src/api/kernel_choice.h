@@ -64,10 +64,10 @@ bool tma_stores_o(const AttnParams& a);
 // The warpspec kernel's persistent grid (D-71, D-89): `ctas` CTAs take `units` x `query_tiles`
 // query tiles of kQueryTileRows rows in snake rounds (cta_geometry.h tile_of_round), unit by unit
 // or heaviest first across units (cta_geometry.h make_tile_info). The busiest CTA's modelled load
-// over the mean (1 = even), a tile costing its last row's visible keys (causal, bottom-right
-// aligned) plus one key tile of fixed cost.
+// over the mean (1 = even), a tile costing its last row's visible keys (bottom-right aligned,
+// under a right window of window_right keys: 0 is causal) plus one key tile of fixed cost.
 double persistent_round_imbalance(int64_t units, int64_t query_tiles, int ctas, bool unit_by_unit, int seqlen_q,
-                                  int seqlen_k);
+                                  int seqlen_k, int window_right = 0);
 
 // A FLASHATTN_KERNEL value as kernel_override_from_env reads it (api/kernel_override.cpp).
 KernelOverride parse_kernel_override(const std::string& value);
